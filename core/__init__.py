@@ -1,0 +1,1 @@
+"""The kvboost-rag engine (shipped as ``kvboost_rag.core``)."""

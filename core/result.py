@@ -1,0 +1,49 @@
+"""What one request returns: the text and an honest account of how it was made."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass
+class Timings:
+    """Milliseconds spent in each stage of one request (wall clock)."""
+
+    tokenize_ms: float = 0.0  # prompt parsing and tokenization
+    lookup_ms: float = 0.0  # cache key hashing and lookups
+    assemble_ms: float = 0.0  # building the model's cache from stored KV
+    prefill_ms: float = 0.0  # forward pass over the uncached tail, up to the first token
+    decode_ms: float = 0.0  # every token after the first
+    store_ms: float = 0.0  # saving new KV for later requests (after the answer)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in asdict(self).items()}
+
+
+@dataclass
+class GenerationResult:
+    """One completed request.
+
+    ``ttft_ms`` is wall time from the call to the first generated token, everything included.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose KV came from a cache
+    recomputed_tokens: int  # prompt tokens whose KV was computed for this request
+    ttft_ms: float
+    total_ms: float
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def kv_reuse_ratio(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)

@@ -1,0 +1,1 @@
+"""Framework adapters (LangChain, LlamaIndex), shipped as ``kvboost_rag.integrations``."""

@@ -1,0 +1,1 @@
+"""Benchmarks: programs that print tables and write JSON (never timed unit tests)."""

@@ -1,0 +1,54 @@
+"""Full prefill with plain ``model.generate`` — what HuggingFacePipeline / HuggingFaceLLM do.
+
+Timed the same way as the engine: from the call (tokenization included) to the first token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvboost_rag.core.streaming import TokenCollector
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    token_ids: list[int]
+    ttft_ms: float
+    total_ms: float
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = len(self.token_ids) - 1
+        return n / ((self.total_ms - self.ttft_ms) / 1e3) if n > 0 else 0.0
+
+
+def full_prefill(
+    model: Any, tokenizer: Any, text: str, max_new_tokens: int, add_special_tokens: bool = True
+) -> BaselineRun:
+    """Greedy decode of ``text`` with no cache reuse at all."""
+    start = time.perf_counter()
+    ids = tokenizer(text, add_special_tokens=add_special_tokens, return_tensors="pt")["input_ids"]
+    collector = TokenCollector()
+    with torch.inference_mode():
+        model.generate(
+            ids.to(model.device),
+            attention_mask=torch.ones_like(ids).to(model.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            streamer=collector,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+    end = time.perf_counter()
+    first = collector.first_token_at or end
+    return BaselineRun(collector.token_ids, (first - start) * 1e3, (end - start) * 1e3)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

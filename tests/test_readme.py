@@ -1,0 +1,24 @@
+"""Every python block in the README runs as written (on the embedded model)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_python_block_runs(index: int) -> None:
+    exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {})
+
+
+def test_readme_has_python_blocks() -> None:
+    assert BLOCKS
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci in README.read_text()

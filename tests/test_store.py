@@ -1,0 +1,34 @@
+import torch
+
+from kvboost_rag.core.kv import kv_nbytes
+from kvboost_rag.core.store import MemoryStore
+
+
+def _kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]
+
+
+def test_evicts_least_recently_used_under_budget() -> None:
+    size = kv_nbytes(_kv(4))
+    store = MemoryStore(max_bytes=2 * size)
+    store.put(b"a", (1,), _kv(4))
+    store.put(b"b", (2,), _kv(4))
+    assert store.get(b"a", (1,)) is not None  # a is now most recent
+    store.put(b"c", (3,), _kv(4))
+    assert b"b" not in store and b"a" in store and b"c" in store
+    stats = store.stats()
+    assert (stats.entries, stats.bytes, stats.evictions) == (2, 2 * size, 1)
+
+
+def test_token_mismatch_is_a_miss_not_a_hit() -> None:
+    store = MemoryStore(max_bytes=10**6)
+    store.put(b"k", (1, 2), _kv(2))
+    assert store.get(b"k", (1, 3)) is None
+    stats = store.stats()
+    assert (stats.hits, stats.misses, stats.collisions) == (0, 1, 1)
+
+
+def test_entry_over_whole_budget_is_refused() -> None:
+    store = MemoryStore(max_bytes=10)
+    assert store.put(b"k", (1,), _kv(4)) is False
+    assert store.stats().entries == 0
