@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Literal, TypeVar
+
+from kvboost_rag.core.repair import STRATEGIES, RepairSettings
+
+T = TypeVar("T")
 
 Fidelity = Literal["exact", "balanced", "fast"]
 FIDELITY_LEVELS: tuple[str, ...] = ("exact", "balanced", "fast")
@@ -18,7 +22,7 @@ class KVBoostConfig:
 
     # "exact": prefix cache only, output identical to full prefill.
     # "balanced" / "fast": passage reuse at any position (more repair / less repair).
-    fidelity: Fidelity = "exact"
+    fidelity: Fidelity = "balanced"
     # Byte budget of the in-memory KV store; least recently used entries go first.
     max_cache_bytes: int = 2 * 1024**3
     # Tokens per prefix-cache block; only full blocks are cached (vLLM semantics).
@@ -26,6 +30,21 @@ class KVBoostConfig:
     # Store the prompt and the generated answer as reusable prefix after each request,
     # so a multi-turn conversation reuses its history.
     cache_generated: bool = True
+    # Repair strategy for reused passages; None takes the fidelity level's default
+    # (see FIDELITY_REPAIR). One of kvboost_rag.core.repair.STRATEGIES.
+    repair: str | None = None
+    # Share of reused passage tokens recomputed by the "deviation" strategy.
+    recompute_ratio: float | None = None
+    # Leading tokens of each reused passage recomputed by the "edges" strategy.
+    edge_tokens: int | None = None
+    # Layers the "deviation" strategy runs over every token to measure KV deviation.
+    probe_layers: int = 2
+    # Passages longer than this split into sentence-aligned pieces, each cached alone.
+    max_passage_tokens: int = 512
+    # Encode passages after the tokenizer's BOS (not stored) instead of at position 0.
+    passage_anchor: bool = True
+    # Padded tokens per passage-encoding batch (bounds peak memory while warming).
+    encode_batch_tokens: int = 8192
 
     def __post_init__(self) -> None:
         if self.fidelity not in FIDELITY_LEVELS:
@@ -34,3 +53,36 @@ class KVBoostConfig:
             raise ValueError(f"max_cache_bytes must be >= 0, got {self.max_cache_bytes}")
         if not 1 <= self.block_tokens <= 4096:
             raise ValueError(f"block_tokens must be in [1, 4096], got {self.block_tokens}")
+        if self.repair is not None and self.repair not in STRATEGIES:
+            raise ValueError(f"repair must be one of {sorted(STRATEGIES)}, got {self.repair!r}")
+        if self.recompute_ratio is not None and not 0.0 <= self.recompute_ratio <= 1.0:
+            raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio}")
+        if self.edge_tokens is not None and self.edge_tokens < 0:
+            raise ValueError(f"edge_tokens must be >= 0, got {self.edge_tokens}")
+        for name in ("probe_layers", "max_passage_tokens", "encode_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def repair_settings(self) -> RepairSettings | None:
+        """The repair to run for reused passages; None in "exact" fidelity."""
+        if self.fidelity == "exact":
+            return None
+        base = FIDELITY_REPAIR[self.fidelity]
+        return replace(
+            base,
+            strategy=self.repair or base.strategy,
+            recompute_ratio=_pick(self.recompute_ratio, base.recompute_ratio),
+            edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
+            probe_layers=self.probe_layers,
+        )
+
+
+def _pick(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+# Defaults per fidelity level, chosen by measurement (README, "Fidelity levels").
+FIDELITY_REPAIR: dict[str, RepairSettings] = {
+    "balanced": RepairSettings("deviation", edge_tokens=0, recompute_ratio=0.15, probe_layers=2),
+    "fast": RepairSettings("edges", edge_tokens=4, recompute_ratio=0.0, probe_layers=2),
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -12,18 +13,20 @@ from typing import Any
 import torch
 from transformers import StoppingCriteriaList
 
+from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError
+from kvboost_rag.core.context import Context, ContextBuilder
 from kvboost_rag.core.fingerprint import model_fingerprint
 from kvboost_rag.core.kv import concat_kv, to_cache
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
+from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.prefix import PrefixCache
+from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens
 from kvboost_rag.core.result import GenerationResult, Timings
+from kvboost_rag.core.rope import rotary_embedding
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.store import MemoryStore, StoreStats
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
-
-Message = dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,14 @@ class WarmResult:
     tokens: int  # tokens in the warmed text
     cached_tokens: int  # of those, already cached before this call
     stored_blocks: int  # new blocks stored by this call
+
+
+@dataclass(frozen=True)
+class PassageWarmResult:
+    passages: int  # passage pieces after splitting long passages
+    tokens: int  # their tokens
+    cached: int  # pieces already cached before this call
+    encoded: int  # pieces encoded and stored by this call
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,7 @@ class EngineStats:
 
 
 class KVBoost:
-    """A model, its tokenizer and a KV cache that makes repeated context cheap.
+    """A model, its tokenizer and KV caches that make repeated context cheap.
 
     Safe to share between threads: requests run one at a time under the engine's lock
     (one forward pass already uses every core), so results equal serial calls.
@@ -54,10 +65,34 @@ class KVBoost:
         self.config = config or KVBoostConfig()
         self.fingerprint = model_fingerprint(model, tokenizer)
         self.context_window = int(model.config.max_position_embeddings)
+        self._prompts = PromptEncoder(
+            tokenizer, self.context_window, self.config.max_passage_tokens
+        )
         self._store = MemoryStore(self.config.max_cache_bytes)
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
+        self._passages = self._passage_cache()
+        repair = self.config.repair_settings() if self._passages is not None else None
+        rotary = rotary_embedding(model)
+        self._context = ContextBuilder(model, self._prefix, self._passages, rotary, repair)
         self._lock = threading.RLock()
         self._requests = self._prompt_tokens = self._reused_tokens = 0
+
+    def _passage_cache(self) -> PassageCache | None:
+        if self.config.fidelity == "exact":
+            return None
+        if rotary_embedding(self.model) is None:
+            warnings.warn(
+                f"{type(self.model).__name__} has no rotary position embedding, so cached "
+                "passages cannot move to new positions; using exact prefix reuse only",
+                stacklevel=3,
+            )
+            return None
+        anchor = self._prompts.special_prefix if self.config.passage_anchor else []
+        if self.config.passage_anchor and not anchor:
+            anchor = anchor_tokens(self.tokenizer, anchor)
+        return PassageCache(
+            self._store, self.model, self.fingerprint, anchor, self.config.encode_batch_tokens
+        )
 
     @classmethod
     def from_pretrained(
@@ -79,36 +114,46 @@ class KVBoost:
 
     # -- public requests -------------------------------------------------------------
 
-    def generate(self, prompt: str, **options: Any) -> GenerationResult:
-        """Complete ``prompt``. Options: max_new_tokens, temperature, top_p, top_k, stop, seed."""
+    def generate(
+        self, prompt: str, *, passages: Sequence[str] | None = None, **options: Any
+    ) -> GenerationResult:
+        """Complete ``prompt``. Passages may be marked inside it with ``passage(text)`` or
+        given as ``passages=`` (placed before it). Options: max_new_tokens, temperature,
+        top_p, top_k, stop, seed."""
         start = time.perf_counter()
         sampling = SamplingOptions.build(**options)
-        return self._run(self._prompt_ids(prompt), sampling, start, None, Cancelled())
+        return self._run(self._prompts.text(prompt, passages), sampling, start, None, Cancelled())
 
     def chat(self, messages: Sequence[Message], **options: Any) -> GenerationResult:
         """Answer the last message of a conversation, using the tokenizer's chat template."""
         start = time.perf_counter()
         sampling = SamplingOptions.build(**options)
-        return self._run(self._chat_ids(messages), sampling, start, None, Cancelled())
+        return self._run(self._prompts.chat(messages), sampling, start, None, Cancelled())
 
-    def stream(self, prompt: str, **options: Any) -> GenerationStream:
+    def stream(
+        self, prompt: str, *, passages: Sequence[str] | None = None, **options: Any
+    ) -> GenerationStream:
         """Like ``generate`` but yields text deltas; ``.result`` is set when it ends."""
         start = time.perf_counter()
         sampling = SamplingOptions.build(**options)
-        return self._stream(lambda: self._prompt_ids(prompt), sampling, start)
+        return self._stream(self._prompts.text(prompt, passages), sampling, start)
 
     def stream_chat(self, messages: Sequence[Message], **options: Any) -> GenerationStream:
         start = time.perf_counter()
         sampling = SamplingOptions.build(**options)
-        return self._stream(lambda: self._chat_ids(messages), sampling, start)
+        return self._stream(self._prompts.chat(messages), sampling, start)
 
     def warm(self, text: str) -> WarmResult:
         """Prefill ``text`` and cache it as an exact prefix of later prompts."""
-        tokens = self._prompt_ids(text)
+        tokens = self._prompts.text(text).tokens
         with self._lock, torch.inference_mode():
             match = self._prefix.match(tokens)
             if match.length < len(tokens):
-                cache = self._assemble(match.blocks)
+                cache = (
+                    to_cache(concat_kv(match.blocks), self.model.config)
+                    if match.blocks
+                    else (to_cache([], self.model.config))
+                )
                 tail = torch.tensor([tokens[match.length :]], device=self.model.device)
                 self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
                 stored = self._prefix.insert(tokens, cache, len(tokens))
@@ -116,17 +161,32 @@ class KVBoost:
                 stored = 0
         return WarmResult(len(tokens), match.length, stored)
 
-    def first_token_logits(self, prompt: str) -> torch.Tensor:
-        """Next-token logits after ``prompt``, computed on the cached path (for fidelity
-        checks against a full prefill of the same tokens). Stores nothing."""
-        tokens = self._prompt_ids(prompt)
+    def warm_passages(self, texts: Sequence[str]) -> PassageWarmResult:
+        """Encode and cache passages so later prompts that contain them reuse their KV."""
+        if self._passages is None:
+            raise ValueError('passage reuse is off (fidelity="exact" or a model without RoPE)')
+        prompt = self._prompts.text("", texts)
+        spans = [prompt.tokens[s:e] for s, e in prompt.passages]
         with self._lock, torch.inference_mode():
-            match = self._prefix.match(tokens)
-            reused = min(match.length, len(tokens) - 1)
-            cache = self._assemble(match.blocks, reused)
-            tail = torch.tensor([tokens[reused:]], device=self.model.device)
-            out = self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
+            found = self._passages.fetch(spans)
+        return PassageWarmResult(len(spans), sum(map(len, spans)), found.hits, found.misses)
+
+    def first_token_logits(
+        self, prompt: str, *, passages: Sequence[str] | None = None
+    ) -> torch.Tensor:
+        """Next-token logits after ``prompt``, computed on the same cached path as
+        ``generate`` (for fidelity checks against a full prefill). Stores no prefix."""
+        tokenized = self._prompts.text(prompt, passages)
+        with self._lock, torch.inference_mode():
+            context = self._context.build(tokenized, Timings())
+            done = context.cache.get_seq_length()
+            rest = torch.tensor([tokenized.tokens[done:]], device=self.model.device)
+            out = self.model(input_ids=rest, cache=context.cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1].float()
+
+    def tokenize(self, prompt: str, *, passages: Sequence[str] | None = None) -> list[int]:
+        """The exact token ids the model sees for ``prompt`` (markers removed)."""
+        return self._prompts.text(prompt, passages).tokens
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -137,95 +197,50 @@ class KVBoost:
     def clear_cache(self) -> None:
         self._store.clear()
 
-    # -- tokenization ----------------------------------------------------------------
-
-    def _prompt_ids(self, prompt: str) -> list[int]:
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        if not prompt:
-            raise EmptyPromptError("prompt is empty: pass the text to complete")
-        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-
-    def _chat_ids(self, messages: Sequence[Message]) -> list[int]:
-        if not messages:
-            raise EmptyPromptError("messages is empty: pass at least one {'role', 'content'} dict")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
-                raise ValueError(
-                    f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}"
-                )
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
-        # The template already holds the special tokens; adding them again would double BOS.
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _check_length(self, tokens: list[int]) -> None:
-        if not tokens:
-            raise EmptyPromptError("prompt has no tokens after tokenization")
-        if len(tokens) >= self.context_window:
-            raise ContextWindowError(len(tokens), self.context_window)
-
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # -- the request path ------------------------------------------------------------
 
     def _stream(
-        self, prompt_ids: Callable[[], list[int]], sampling: SamplingOptions, start: float
+        self, prompt: TokenizedPrompt, sampling: SamplingOptions, start: float
     ) -> GenerationStream:
-        ids = prompt_ids()  # tokenize and check in the caller's thread so bad input raises here
-        self._check_length(ids)
         return GenerationStream(
-            lambda on_token, cancel: self._run(ids, sampling, start, on_token, cancel),
+            lambda on_token, cancel: self._run(prompt, sampling, start, on_token, cancel),
             self._decode,
             sampling.stop,
         )
 
     def _run(
         self,
-        tokens: list[int],
+        prompt: TokenizedPrompt,
         sampling: SamplingOptions,
         start: float,
         on_token: Callable[[int], None] | None,
         cancel: Cancelled,
     ) -> GenerationResult:
-        self._check_length(tokens)
         timings = Timings(tokenize_ms=_ms(start))
+        tokens = prompt.tokens
         with self._lock, torch.inference_mode():
-            t = time.perf_counter()
-            match = self._prefix.match(tokens)
-            timings.lookup_ms = _ms(t)
-            t = time.perf_counter()
-            reused = min(match.length, len(tokens) - 1)  # generate needs one token to feed
-            cache = self._assemble(match.blocks, reused)
-            timings.assemble_ms = _ms(t)
+            context = self._context.build(prompt, timings)
             collector = TokenCollector(on_token)
             gen_start = time.perf_counter()
-            self._generate(tokens, cache, sampling, collector, cancel)
+            self._generate(tokens, context.cache, sampling, collector, cancel)
             end = time.perf_counter()
             first = collector.first_token_at or end
             timings.prefill_ms = (first - gen_start) * 1e3
             timings.decode_ms = (end - first) * 1e3
-            result = self._result(
-                tokens, collector.token_ids, sampling, cancel, reused, start, first, timings
-            )
+            result = self._result(tokens, collector.token_ids, sampling, cancel, context)
+            result.ttft_ms = (first - start) * 1e3
+            result.timings = timings
             t = time.perf_counter()
-            self._remember(tokens, collector.token_ids, cache)
+            self._remember(tokens, collector.token_ids, context)
             timings.store_ms = _ms(t)
             result.total_ms = _ms(start)
             self._requests += 1
             self._prompt_tokens += len(tokens)
-            self._reused_tokens += reused
+            self._reused_tokens += context.reused
         return result
-
-    def _assemble(self, blocks: list, length: int | None = None) -> Any:
-        if not blocks:
-            return to_cache([], self.model.config)
-        kv = concat_kv(blocks)
-        if length is not None:
-            kv = [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
-        return to_cache(kv, self.model.config)
 
     def _generate(
         self,
@@ -258,10 +273,7 @@ class KVBoost:
         ids: list[int],
         sampling: SamplingOptions,
         cancel: Cancelled,
-        reused: int,
-        start: float,
-        first: float,
-        timings: Timings,
+        context: Context,
     ) -> GenerationResult:
         text, stopped = cut_at_stop(self._decode(ids), sampling.stop)
         eos = self.model.generation_config.eos_token_id
@@ -277,17 +289,23 @@ class KVBoost:
             token_ids=ids,
             finish_reason=reason,  # type: ignore[arg-type]
             prompt_tokens=len(tokens),
-            reused_tokens=reused,
-            recomputed_tokens=len(tokens) - reused,
-            ttft_ms=(first - start) * 1e3,
+            reused_tokens=context.reused,
+            recomputed_tokens=len(tokens) - context.reused,
+            ttft_ms=0.0,
             total_ms=0.0,
-            timings=timings,
+            passages_hit=context.passages_hit,
+            passages_missed=context.passages_missed,
         )
 
-    def _remember(self, tokens: list[int], generated: list[int], cache: Any) -> None:
-        """Store the new full blocks of the prompt (and the answer) for later requests."""
+    def _remember(self, tokens: list[int], generated: list[int], context: Context) -> None:
+        """Store the new exact blocks of the prompt (and the answer) for later requests.
+        KV after the first reused passage is approximate and never enters the prefix cache."""
         stream = tokens + generated[:-1] if self.config.cache_generated else tokens
-        self._prefix.insert(stream, cache, min(len(stream), cache.get_seq_length()))
+        exact = (
+            context.exact_upto if context.passages_hit + context.passages_missed else len(stream)
+        )
+        upto = min(len(stream), context.cache.get_seq_length(), exact)
+        self._prefix.insert(stream, context.cache, upto)
 
 
 def _ms(since: float) -> float:

@@ -1,7 +1,9 @@
-"""Exact prefix cache: the longest run of cached full blocks from position 0.
+"""Exact prefix cache: the longest run of cached blocks from position 0.
 
 KV stored here always comes from a full-attention prefill of the whole token stream up to
-that block, so reusing it is lossless.
+that block, so reusing it is lossless. Full blocks chain like vLLM's block hashes; the
+partial block at the end of a stored stream is kept as a "tail" under its parent's key, so
+a conversation's next turn reuses its history to the token, not to the block.
 """
 
 from __future__ import annotations
@@ -33,12 +35,21 @@ class PrefixCache:
     def match(self, tokens: Sequence[int]) -> PrefixMatch:
         """Longest cached prefix of ``tokens`` (whole blocks only)."""
         blocks: list[LayerKV] = []
+        parent = self._root
         for i, key in enumerate(self.keys(tokens)):
             entry = self.store.get(key, self._block(tokens, i))
             if entry is None:
                 break
             blocks.append(entry.kv)
-        return PrefixMatch(len(blocks) * self.block_tokens, blocks)
+            parent = key
+        length = len(blocks) * self.block_tokens
+        tail = self.store.get(self._tail_key(parent), None)
+        if tail is not None:
+            n = _common_prefix(tail.tokens, tokens[length : length + len(tail.tokens)])
+            if n:
+                blocks.append([(k[:, :, :n], v[:, :, :n]) for k, v in tail.kv])
+                length += n
+        return PrefixMatch(length, blocks)
 
     def insert(self, tokens: Sequence[int], cache: DynamicCache, exact_upto: int) -> int:
         """Store every full block of ``tokens[:exact_upto]`` not yet cached; returns how many.
@@ -46,15 +57,33 @@ class PrefixCache:
         ``cache`` holds full-attention KV for at least ``exact_upto`` positions of ``tokens``.
         """
         assert cache.get_seq_length() >= exact_upto
-        stored = 0
-        for i, key in enumerate(self.keys(tokens[:exact_upto])):
+        stored, parent = 0, self._root
+        keys = self.keys(tokens[:exact_upto])
+        for i, key in enumerate(keys):
+            parent = key
             if key in self.store:
                 continue
             start = i * self.block_tokens
             kv = slice_cache(cache, start, start + self.block_tokens)
             stored += self.store.put(key, self._block(tokens, i), kv)
+        start = len(keys) * self.block_tokens
+        if start < exact_upto:  # the partial last block: one tail per parent, latest wins
+            tail = tuple(tokens[start:exact_upto])
+            self.store.put(self._tail_key(parent), tail, slice_cache(cache, start, exact_upto))
         return stored
+
+    def _tail_key(self, parent: bytes) -> bytes:
+        return digest(b"tail", parent)
 
     def _block(self, tokens: Sequence[int], index: int) -> tuple[int, ...]:
         start = index * self.block_tokens
         return tuple(tokens[start : start + self.block_tokens])
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -14,8 +14,10 @@ class Timings:
 
     tokenize_ms: float = 0.0  # prompt parsing and tokenization
     lookup_ms: float = 0.0  # cache key hashing and lookups
-    assemble_ms: float = 0.0  # building the model's cache from stored KV
-    prefill_ms: float = 0.0  # forward pass over the uncached tail, up to the first token
+    encode_ms: float = 0.0  # encoding passages that were not cached yet
+    assemble_ms: float = 0.0  # building the model's cache from stored KV (with re-rotation)
+    repair_ms: float = 0.0  # selective recompute, fixed text and the question's tokens
+    prefill_ms: float = 0.0  # the remaining forward pass, up to the first token
     decode_ms: float = 0.0  # every token after the first
     store_ms: float = 0.0  # saving new KV for later requests (after the answer)
 
@@ -39,6 +41,8 @@ class GenerationResult:
     ttft_ms: float
     total_ms: float
     timings: Timings = field(default_factory=Timings)
+    passages_hit: int = 0  # passages whose KV came from the passage cache
+    passages_missed: int = 0  # passages encoded for this request (and now cached)
 
     @property
     def kv_reuse_ratio(self) -> float:

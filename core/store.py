@@ -39,10 +39,12 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = self._collisions = 0
 
-    def get(self, key: bytes, tokens: tuple[int, ...]) -> Entry | None:
+    def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
+        """The entry under ``key`` if its stored tokens equal ``tokens`` (``None``: the
+        caller compares them itself)."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry.tokens != tokens:
+            if entry is not None and tokens is not None and entry.tokens != tokens:
                 self._collisions += 1
                 entry = None
             if entry is None:

@@ -22,7 +22,7 @@ def full_prefill_greedy(engine: KVBoost, prompt: str, n: int) -> list[int]:
 
 @pytest.mark.parametrize(
     "prefix_chars, reused",
-    [(8, 8), (40, 40), (21, 16)],
+    [(8, 8), (40, 40), (21, 21)],
     ids=["one-block", "many-blocks", "partial-last-block"],
 )
 def test_cached_prefix_matches_full_prefill(
@@ -40,6 +40,16 @@ def test_cached_prefix_matches_full_prefill(
     if model_eos in expected:
         expected = expected[: expected.index(model_eos) + 1]
     assert result.token_ids == expected
+
+
+def test_partial_tail_reuses_only_the_common_tokens(engine: KVBoost) -> None:
+    engine.warm(TEXT[:21])  # 2 full blocks of 8 + a 5-token tail
+    prompt = TEXT[:18] + "XYZ what?"  # shares 2 of the tail's 5 tokens
+    result = engine.generate(prompt, max_new_tokens=4)
+    assert result.reused_tokens == 18
+    torch.testing.assert_close(
+        engine.first_token_logits(prompt), full_prefill_logits(engine, prompt), atol=1e-5, rtol=0
+    )
 
 
 def test_fully_cached_prompt_still_generates(engine: KVBoost) -> None:

@@ -1,0 +1,111 @@
+"""Building the model's cache for one prompt: exact prefix, reused passages, repair."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import DynamicCache
+
+from kvboost_rag.core.chunker import TokenizedPrompt
+from kvboost_rag.core.kv import LayerKV, concat_kv, to_cache
+from kvboost_rag.core.passages import PassageCache
+from kvboost_rag.core.prefix import PrefixCache
+from kvboost_rag.core.repair import RepairPlan, RepairSettings, get_strategy, recompute
+from kvboost_rag.core.result import Timings
+from kvboost_rag.core.rope import rerotate, rotation
+
+
+@dataclass(frozen=True)
+class Context:
+    cache: DynamicCache  # KV for every prompt position but the last (fed to generate)
+    reused: int  # prompt tokens whose KV came from a cache and was kept
+    exact_upto: int  # positions [0, exact_upto) hold exact (full-attention) KV
+    passages_hit: int
+    passages_missed: int
+
+
+class ContextBuilder:
+    """Owns the two caches' read path. ``passages`` is None in "exact" fidelity."""
+
+    def __init__(
+        self,
+        model: Any,
+        prefix: PrefixCache,
+        passages: PassageCache | None,
+        rotary: Any,
+        repair: RepairSettings | None,
+    ) -> None:
+        self.model = model
+        self.prefix = prefix
+        self.passages = passages
+        self.rotary = rotary
+        self.repair = repair
+
+    def build(self, prompt: TokenizedPrompt, timings: Timings) -> Context:
+        tokens, n = prompt.tokens, len(prompt.tokens) - 1  # generate feeds the last token
+        t = time.perf_counter()
+        match = self.prefix.match(tokens)
+        exact = min(match.length, n)
+        spans = [(max(s, exact), min(e, n)) for s, e in prompt.passages if min(e, n) > exact]
+        if self.passages is None or not spans:
+            timings.lookup_ms += _ms(t)
+            return self._exact(match.blocks, exact)
+        found = self.passages.fetch([tokens[s:e] for s, e in _full_spans(prompt, spans)])
+        timings.encode_ms += found.encode_ms
+        timings.lookup_ms += _ms(t) - found.encode_ms
+        t = time.perf_counter()
+        assembled = self._assemble(match.blocks, exact, n, prompt, spans, found.kv)
+        timings.assemble_ms += _ms(t)
+        t = time.perf_counter()
+        plan = RepairPlan(tokens, n, exact, spans, assembled)
+        assert self.repair is not None
+        chosen = set(get_strategy(self.repair.strategy)(plan, self.repair, self.model))
+        cached = {p for s, e in spans for p in range(s, e)}
+        fresh = set(range(exact, n)) - cached
+        cache = recompute(self.model, plan, sorted(chosen | fresh))
+        timings.repair_ms += _ms(t)
+        reused = exact + len(cached - chosen)
+        return Context(cache, reused, spans[0][0], found.hits, found.misses)
+
+    def _exact(self, blocks: list[LayerKV], length: int) -> Context:
+        if not blocks:
+            return Context(to_cache([], self.model.config), 0, 0, 0, 0)
+        kv = [(k[:, :, :length], v[:, :, :length]) for k, v in concat_kv(blocks)]
+        return Context(to_cache(kv, self.model.config), length, length, 0, 0)
+
+    def _assemble(
+        self,
+        blocks: list[LayerKV],
+        exact: int,
+        n: int,
+        prompt: TokenizedPrompt,
+        spans: list[tuple[int, int]],
+        passage_kv: list[LayerKV],
+    ) -> LayerKV:
+        """KV for [0, n): exact prefix, re-rotated passages, zeros where tokens are fresh."""
+        template = passage_kv[0][0][0]
+        shape = (1, template.shape[1], n, template.shape[3])
+        layers = len(passage_kv[0])
+        out = [(template.new_zeros(shape), template.new_zeros(shape)) for _ in range(layers)]
+        if blocks:
+            for (k, v), (pk, pv) in zip(out, concat_kv(blocks)):
+                k[:, :, :exact], v[:, :, :exact] = pk[:, :, :exact], pv[:, :, :exact]
+        assert self.passages is not None
+        for (start, end), (full_start, _), kv in zip(spans, _full_spans(prompt, spans), passage_kv):
+            skip = start - full_start  # part of the passage already inside the exact prefix
+            rot = rotation(full_start - self.passages.offset, self.rotary, template)
+            for (k, v), (pk, pv) in zip(out, kv):
+                k[:, :, start:end] = rerotate(pk[:, :, skip : skip + end - start], rot)
+                v[:, :, start:end] = pv[:, :, skip : skip + end - start]
+        return out
+
+
+def _full_spans(prompt: TokenizedPrompt, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The whole passage span each (possibly clipped) reused span belongs to."""
+    return [next((s, e) for s, e in prompt.passages if s <= start < e) for start, _ in spans]
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1e3

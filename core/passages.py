@@ -1,0 +1,126 @@
+"""Passage cache: each passage's KV computed once, alone, and reused at any position.
+
+Keys are content keys (no parent): model fingerprint + anchor + the passage's tokens. KV is
+encoded after a short fixed anchor (BOS where the tokenizer has one) that is not stored, so
+the passage's first token is not computed as an attention sink; its canonical position is
+therefore ``len(anchor)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from kvboost_rag.core.keys import digest, token_bytes
+from kvboost_rag.core.kv import LayerKV
+from kvboost_rag.core.store import MemoryStore
+
+
+class PassageLookup(NamedTuple):
+    kv: list[LayerKV]  # per passage, at canonical positions
+    hits: int
+    misses: int
+    encode_ms: float  # time spent encoding the misses
+
+
+class PassageCache:
+    def __init__(
+        self,
+        store: MemoryStore,
+        model: Any,
+        fingerprint: bytes,
+        anchor: list[int],
+        batch_tokens: int,
+    ) -> None:
+        self.store = store
+        self.model = model
+        self.anchor = anchor
+        self.batch_tokens = batch_tokens  # padded tokens per encoding batch (bounds memory)
+        self._root = digest(b"passage-root", fingerprint, token_bytes(anchor))
+
+    @property
+    def offset(self) -> int:
+        """Position of a passage's first token in its stored KV."""
+        return len(self.anchor)
+
+    def key(self, tokens: Sequence[int]) -> bytes:
+        return digest(b"passage", self._root, token_bytes(tokens))
+
+    def fetch(self, passages: Sequence[Sequence[int]]) -> PassageLookup:
+        """KV of every passage: cached ones from the store, the rest encoded in batches
+        and stored. Duplicates in one request are encoded once."""
+        found: dict[bytes, LayerKV] = {}
+        missing: dict[bytes, tuple[int, ...]] = {}
+        hits = 0
+        for tokens in passages:
+            key = self.key(tokens)
+            if key in found or key in missing:
+                continue
+            entry = self.store.get(key, tuple(tokens))
+            if entry is None:
+                missing[key] = tuple(tokens)
+            else:
+                found[key] = entry.kv
+                hits += 1
+        start = time.perf_counter()
+        for key, kv in zip(missing, self.encode(list(missing.values()))):
+            found[key] = kv
+            self.store.put(key, missing[key], kv)
+        encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
+        return PassageLookup([found[self.key(t)] for t in passages], hits, len(missing), encode_ms)
+
+    def encode(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
+        """Encode passages alone after the anchor; similar lengths share a padded batch."""
+        order = sorted(range(len(passages)), key=lambda i: len(passages[i]))
+        out: list[LayerKV | None] = [None] * len(passages)
+        for batch in _batches(order, passages, self.batch_tokens):
+            for i, kv in zip(batch, self._encode_batch([passages[i] for i in batch])):
+                out[i] = kv
+        return [kv for kv in out if kv is not None]
+
+    def _encode_batch(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
+        a = len(self.anchor)
+        width = a + max(len(p) for p in passages)
+        ids = torch.zeros((len(passages), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, tokens in enumerate(passages):
+            ids[row, : a + len(tokens)] = torch.tensor([*self.anchor, *tokens])
+            mask[row, : a + len(tokens)] = 1
+        device = self.model.device
+        # Right padding: real tokens never attend to the pads that follow them, and their
+        # positions are 0..n-1 as in a single-passage encode.
+        out = self.model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        layers = out.past_key_values.layers
+        return [
+            [
+                (
+                    layer.keys[row : row + 1, :, a : a + len(tokens)].clone(),
+                    layer.values[row : row + 1, :, a : a + len(tokens)].clone(),
+                )
+                for layer in layers
+            ]
+            for row, tokens in enumerate(passages)
+        ]
+
+
+def _batches(order: list[int], passages: Sequence[Sequence[int]], budget: int) -> list[list[int]]:
+    """Consecutive runs of ``order`` whose padded size (rows x longest) fits ``budget``."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = len(passages[i])  # order is ascending, so the newest is the longest
+        if current and (len(current) + 1) * longest > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches

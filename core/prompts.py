@@ -1,0 +1,73 @@
+"""From what users pass (text, messages, passages) to the model's tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvboost_rag.core.chunker import TokenizedPrompt, parse_segments, passage, tokenize_segments
+from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError
+
+Message = dict[str, str]
+
+# Between passages given as ``passages=``, and between them and the prompt.
+PASSAGE_SEPARATOR = "\n\n"
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer: Any, context_window: int, max_passage_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.context_window = context_window
+        self.max_passage_tokens = max_passage_tokens
+        self.special_prefix = _special_prefix(tokenizer)  # e.g. [BOS] where the tokenizer adds it
+
+    def text(self, prompt: str, passages: Sequence[str] | None = None) -> TokenizedPrompt:
+        """A completion prompt; ``passages`` are placed before it, each marked as a passage."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        if not prompt and not passages:
+            raise EmptyPromptError("prompt is empty: pass the text to complete")
+        marked = "".join(passage(p) + PASSAGE_SEPARATOR for p in passages or [])
+        return self._checked(marked + prompt, self.special_prefix)
+
+    def chat(self, messages: Sequence[Message]) -> TokenizedPrompt:
+        """Messages through the tokenizer's chat template (markers survive it)."""
+        if not messages:
+            raise EmptyPromptError("messages is empty: pass at least one {'role', 'content'} dict")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
+                raise ValueError(
+                    f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}"
+                )
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+        # The template already holds the special tokens; adding them again would double BOS.
+        return self._checked(text, [])
+
+    def _checked(self, text: str, prefix: list[int]) -> TokenizedPrompt:
+        segments = parse_segments(text)
+        prompt = tokenize_segments(segments, self.tokenizer, prefix, self.max_passage_tokens)
+        if not prompt.tokens:
+            raise EmptyPromptError("prompt has no tokens after tokenization")
+        if len(prompt.tokens) >= self.context_window:
+            raise ContextWindowError(len(prompt.tokens), self.context_window)
+        return prompt
+
+
+def _special_prefix(tokenizer: Any) -> list[int]:
+    """The tokens the tokenizer puts before any text (BOS for Llama-2 style tokenizers)."""
+    with_special = tokenizer("x", add_special_tokens=True)["input_ids"]
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    if not plain or plain[0] not in with_special:
+        return []
+    return list(with_special[: with_special.index(plain[0])])
+
+
+def anchor_tokens(tokenizer: Any, special_prefix: list[int]) -> list[int]:
+    """What passages are encoded after: the special prefix, else BOS, else a newline."""
+    if special_prefix:
+        return special_prefix
+    if tokenizer.bos_token_id is not None:
+        return [tokenizer.bos_token_id]
+    return list(tokenizer("\n", add_special_tokens=False)["input_ids"])

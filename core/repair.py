@@ -1,0 +1,150 @@
+"""Selective recompute: repair reused KV by one forward pass over a few chosen tokens.
+
+Chosen tokens are appended after the assembled cache with a 4D mask: the token at position
+p sees every non-chosen cached position < p and the chosen tokens at positions <= p. Their
+fresh KV is then scattered into place. With every token chosen this is a full prefill.
+
+Strategies choose which reused tokens to recompute; tokens that were never cached (fixed
+text, the question) are always computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from kvboost_rag.core.kv import LayerKV, to_cache
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """Inputs a strategy may look at."""
+
+    tokens: list[int]  # the whole prompt
+    length: int  # positions [0, length) get KV; the rest is fed to generate
+    exact: int  # positions [0, exact) hold exact KV and are never recomputed
+    spans: list[tuple[int, int]]  # reused passage spans, [start, end)
+    assembled: LayerKV  # KV for [0, length), placeholders at fresh positions
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    strategy: str  # a key of STRATEGIES
+    edge_tokens: int  # "edges": first tokens of each reused passage
+    recompute_ratio: float  # "deviation": share of reused tokens recomputed
+    probe_layers: int  # "deviation": layers run over every token to measure deviation
+
+
+Strategy = Callable[[RepairPlan, RepairSettings, Any], list[int]]
+
+
+def choose_none(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    return []
+
+
+def choose_edges(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """The first tokens of each passage: encoded at the start of their own sequence they
+    act as attention sinks, which they are not once placed mid-prompt (EPIC)."""
+    return [
+        p for start, end in plan.spans for p in range(start, min(end, start + settings.edge_tokens))
+    ]
+
+
+def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Run the first layers over every token with full attention; recompute the reused
+    tokens whose KV deviates most from the cached KV (CacheBlend)."""
+    reused = [p for start, end in plan.spans for p in range(start, end)]
+    count = int(round(settings.recompute_ratio * len(reused)))
+    if not count:
+        return []
+    fresh = probe_kv(model, plan, settings.probe_layers)
+    layer = settings.probe_layers - 1
+    index = torch.tensor(reused, device=fresh[0].device)
+    cached_k, cached_v = (t.index_select(-2, index).float() for t in plan.assembled[layer])
+    fresh_k, fresh_v = (t.index_select(-2, index - plan.exact).float() for t in fresh)
+    deviation = ((cached_k - fresh_k).norm(dim=-1) + (cached_v - fresh_v).norm(dim=-1)).sum(
+        dim=(0, 1)
+    )
+    top = deviation.topk(count).indices
+    return [reused[i] for i in top.tolist()]
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "none": choose_none,
+    "edges": choose_edges,
+    "deviation": choose_deviation,
+}
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown repair strategy {name!r}; choose one of {sorted(STRATEGIES)}"
+        ) from None
+
+
+class _ProbeDone(Exception):
+    pass
+
+
+def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh (keys, values) of layer ``layers - 1`` for positions [exact, length), computed
+    with full attention over the exact prefix; the forward stops after that layer."""
+    prefix = [(k[:, :, : plan.exact], v[:, :, : plan.exact]) for k, v in plan.assembled]
+    cache = to_cache(prefix, model.config)
+    target = model.model.layers[layers - 1]
+
+    def stop(*_: object) -> None:
+        raise _ProbeDone
+
+    handle = target.register_forward_hook(stop)
+    ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
+    try:
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    except _ProbeDone:
+        pass
+    finally:
+        handle.remove()
+    layer = cache.layers[layers - 1]
+    return layer.keys[:, :, plan.exact :], layer.values[:, :, plan.exact :]
+
+
+def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> DynamicCache:
+    """A cache for [0, length) with fresh KV at ``chosen`` positions (sorted, unique)."""
+    cache = to_cache(plan.assembled, model.config)
+    if not chosen:
+        return cache
+    n, device = plan.length, model.device
+    positions = torch.tensor(chosen, device=device)
+    ids = torch.tensor([[plan.tokens[p] for p in chosen]], device=device)
+    model(
+        input_ids=ids,
+        position_ids=positions[None],
+        cache=cache,
+        use_cache=True,
+        attention_mask=_mask(positions, n, model.dtype),
+        logits_to_keep=1,
+    )
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            full = getattr(layer, name)
+            full[:, :, positions] = full[:, :, n:]
+            setattr(layer, name, full[:, :, :n])
+    return cache
+
+
+def _mask(positions: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    chosen = torch.zeros(n, dtype=torch.bool, device=positions.device)
+    chosen[positions] = True
+    cached = (torch.arange(n, device=positions.device)[None, :] < positions[:, None]) & ~chosen
+    fresh = positions[None, :] <= positions[:, None]
+    allowed = torch.cat([cached, fresh], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]

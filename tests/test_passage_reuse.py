@@ -1,0 +1,129 @@
+"""Position-independent passage reuse: re-rotation, repair and the engine path."""
+
+import pytest
+import torch
+from conftest import make_model
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.chunker import passage
+from kvboost_rag.core.repair import STRATEGIES, get_strategy
+from kvboost_rag.core.rope import rerotate, rotary_embedding, rotation
+
+DOCS = [
+    "Paris is the capital of France and sits on the Seine.",
+    "The Nile flows north through Egypt into the Mediterranean.",
+    "Mount Fuji is the highest mountain in Japan.",
+]
+QUESTION = "Question: which river flows north? Answer:"
+
+
+def engine_with(arch: str, tokenizer, **config) -> KVBoost:
+    return KVBoost(make_model(arch), tokenizer, KVBoostConfig(block_tokens=8, **config))
+
+
+def full_logits(engine: KVBoost, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return engine.model(torch.tensor([tokens])).logits[0, -1]
+
+
+def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokenizer) -> None:
+    engine = engine_with(arch, tokenizer)
+    cache = engine._passages
+    tokens = tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
+    (stored,) = cache.encode([tokens])
+    delta, a = 37, cache.offset
+    ids = torch.tensor([[*cache.anchor, *tokens]])
+    with torch.no_grad():
+        out = engine.model(ids, position_ids=torch.arange(delta, delta + ids.shape[1])[None])
+    rot = rotation(delta, rotary_embedding(engine.model), stored[0][0])
+    for layer, (keys, values) in enumerate(stored):
+        fresh = out.past_key_values.layers[layer]
+        torch.testing.assert_close(rerotate(keys, rot), fresh.keys[:, :, a:], atol=2e-5, rtol=0)
+        torch.testing.assert_close(values, fresh.values[:, :, a:], atol=2e-5, rtol=0)
+
+
+def test_recomputing_every_token_equals_full_prefill(arch: str, tokenizer) -> None:
+    engine = engine_with(arch, tokenizer, repair="deviation", recompute_ratio=1.0)
+    engine.warm_passages(DOCS)
+    prompt = "Context:\n" + passage(DOCS[2]) + "\n" + passage(DOCS[0]) + "\n" + QUESTION
+    logits = engine.first_token_logits(prompt)
+    torch.testing.assert_close(logits, full_logits(engine, engine.tokenize(prompt)), atol=1e-4, rtol=0)
+
+
+def test_passage_right_after_bos_needs_no_repair(arch: str, tokenizer) -> None:
+    engine = engine_with(arch, tokenizer, repair="none")
+    prompt = "<s>" + passage(DOCS[1]) + QUESTION
+    tokens = engine.tokenize(prompt)
+    assert tokens[0] == tokenizer.bos_token_id == engine._passages.anchor[0]
+    torch.testing.assert_close(
+        engine.first_token_logits(prompt), full_logits(engine, tokens), atol=1e-5, rtol=0
+    )
+
+
+def test_reordered_passages_are_all_hits(tokenizer) -> None:
+    engine = engine_with("llama", tokenizer, fidelity="fast")
+    first = engine.generate(QUESTION, passages=DOCS, max_new_tokens=4)
+    assert (first.passages_hit, first.passages_missed) == (0, 3)
+    second = engine.generate(QUESTION, passages=DOCS[::-1], max_new_tokens=4)
+    assert (second.passages_hit, second.passages_missed) == (3, 0)
+    passage_tokens = sum(len(tokenizer(d)["input_ids"]) for d in DOCS)
+    edges = 3 * engine.config.repair_settings().edge_tokens
+    assert second.reused_tokens == passage_tokens - edges
+    assert second.recomputed_tokens == second.prompt_tokens - second.reused_tokens
+    assert second.timings.repair_ms > 0 and second.timings.encode_ms == 0
+
+
+def test_answers_stay_close_to_full_prefill(tokenizer) -> None:
+    """On a tiny random model balanced repair keeps the first-token distribution close."""
+    engine = engine_with("llama", tokenizer, fidelity="balanced", recompute_ratio=0.5)
+    engine.warm_passages(DOCS)
+    prompt = "".join(passage(d) + "\n" for d in DOCS[::-1]) + QUESTION
+    ours = torch.log_softmax(engine.first_token_logits(prompt), -1)
+    ref = torch.log_softmax(full_logits(engine, engine.tokenize(prompt)), -1)
+    none = engine_with("llama", tokenizer, repair="none")
+    worse = torch.log_softmax(none.first_token_logits(prompt), -1)
+    kl = lambda p, q: float((p.exp() * (p - q)).sum())  # noqa: E731
+    assert kl(ref, ours) < kl(ref, worse)
+
+
+def test_exact_fidelity_never_reuses_passages(tokenizer) -> None:
+    engine = engine_with("llama", tokenizer, fidelity="exact")
+    engine.generate(QUESTION, passages=DOCS, max_new_tokens=2)
+    result = engine.generate(QUESTION, passages=DOCS[::-1], max_new_tokens=2)
+    assert result.passages_hit == result.passages_missed == 0
+    with pytest.raises(ValueError, match="passage reuse is off"):
+        engine.warm_passages(DOCS)
+
+
+def test_prefix_cache_stops_at_the_first_reused_passage(tokenizer) -> None:
+    engine = engine_with("llama", tokenizer, fidelity="fast")
+    system = "You answer questions about places. " * 2
+    engine.generate(system + passage(DOCS[0]) + QUESTION, max_new_tokens=2)
+    again = engine.generate(system + passage(DOCS[1]) + QUESTION, max_new_tokens=2)
+    # The system prompt is an exact prefix; nothing after the passage was stored as exact.
+    assert again.passages_missed == 1
+    assert engine.stats().cache.entries > 0
+
+
+def test_model_without_rope_falls_back_to_exact_reuse(tokenizer) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2))
+    with pytest.warns(UserWarning, match="no rotary position embedding"):
+        engine = KVBoost(model.eval(), tokenizer, KVBoostConfig(fidelity="balanced"))
+    result = engine.generate(QUESTION, passages=DOCS, max_new_tokens=2)
+    assert result.passages_missed == 0
+
+
+def test_strategy_registry_lists_choices() -> None:
+    assert {"none", "edges", "deviation"} <= set(STRATEGIES)
+    with pytest.raises(KeyError, match="choose one of"):
+        get_strategy("magic")
+    with pytest.raises(ValueError, match="repair must be one of"):
+        KVBoostConfig(repair="magic")
+
+
+def test_passage_keys_depend_on_the_model(tokenizer) -> None:
+    a = engine_with("llama", tokenizer)._passages
+    b = engine_with("qwen2", tokenizer)._passages
+    assert a.key([5, 6, 7]) != b.key([5, 6, 7])
