@@ -2,8 +2,9 @@
 
 KV stored here always comes from a full-attention prefill of the whole token stream up to
 that block, so reusing it is lossless. Full blocks chain like vLLM's block hashes; the
-partial block at the end of a stored stream is kept as a "tail" under its parent's key, so
-a conversation's next turn reuses its history to the token, not to the block.
+partial block at the end of a stored stream is kept as a "tail" child of its parent. Where
+the full blocks stop matching, the parent's children are compared token by token (like a
+radix tree), so a conversation's next turn reuses its history to the token, not the block.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class PrefixCache:
         self.store = store
         self.block_tokens = block_tokens
         self._root = digest(b"prefix-root", fingerprint, str(block_tokens).encode())
+        # parent key -> keys stored under it (blocks and tails); pruned when found evicted
+        self._children: dict[bytes, set[bytes]] = {}
 
     def keys(self, tokens: Sequence[int]) -> list[bytes]:
         return prefix_block_keys(self._root, tokens, self.block_tokens)
@@ -43,13 +46,18 @@ class PrefixCache:
             blocks.append(entry.kv)
             parent = key
         length = len(blocks) * self.block_tokens
-        tail = self.store.get(self._tail_key(parent), None)
-        if tail is not None:
-            n = _common_prefix(tail.tokens, tokens[length : length + len(tail.tokens)])
-            if n:
-                blocks.append([(k[:, :, :n], v[:, :, :n]) for k, v in tail.kv])
-                length += n
-        return PrefixMatch(length, blocks)
+        best, kv = 0, None
+        for child in list(self._children.get(parent, ())):
+            entry = self.store.get(child, None)
+            if entry is None:
+                self._children[parent].discard(child)
+                continue
+            n = _common_prefix(entry.tokens, tokens[length : length + len(entry.tokens)])
+            if n > best:
+                best, kv = n, entry.kv
+        if kv is not None:
+            blocks.append([(k[:, :, :best], v[:, :, :best]) for k, v in kv])
+        return PrefixMatch(length + best, blocks)
 
     def insert(self, tokens: Sequence[int], cache: DynamicCache, exact_upto: int) -> int:
         """Store every full block of ``tokens[:exact_upto]`` not yet cached; returns how many.
@@ -60,17 +68,20 @@ class PrefixCache:
         stored, parent = 0, self._root
         keys = self.keys(tokens[:exact_upto])
         for i, key in enumerate(keys):
+            if key not in self.store:
+                start = i * self.block_tokens
+                kv = slice_cache(cache, start, start + self.block_tokens)
+                stored += self._put(parent, key, self._block(tokens, i), kv)
             parent = key
-            if key in self.store:
-                continue
-            start = i * self.block_tokens
-            kv = slice_cache(cache, start, start + self.block_tokens)
-            stored += self.store.put(key, self._block(tokens, i), kv)
         start = len(keys) * self.block_tokens
         if start < exact_upto:  # the partial last block: one tail per parent, latest wins
             tail = tuple(tokens[start:exact_upto])
-            self.store.put(self._tail_key(parent), tail, slice_cache(cache, start, exact_upto))
+            self._put(parent, self._tail_key(parent), tail, slice_cache(cache, start, exact_upto))
         return stored
+
+    def _put(self, parent: bytes, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> bool:
+        self._children.setdefault(parent, set()).add(key)
+        return self.store.put(key, tokens, kv)
 
     def _tail_key(self, parent: bytes) -> bytes:
         return digest(b"tail", parent)

@@ -52,6 +52,15 @@ def test_partial_tail_reuses_only_the_common_tokens(engine: KVBoost) -> None:
     )
 
 
+def test_divergence_inside_a_full_block_reuses_up_to_it(engine: KVBoost) -> None:
+    engine.warm(TEXT[:24])  # 3 full blocks of 8
+    prompt = TEXT[:20] + "XYZ what?"  # leaves the stored stream 4 tokens into block 3
+    assert engine.generate(prompt, max_new_tokens=2).reused_tokens == 20
+    torch.testing.assert_close(
+        engine.first_token_logits(prompt), full_prefill_logits(engine, prompt), atol=1e-5, rtol=0
+    )
+
+
 def test_fully_cached_prompt_still_generates(engine: KVBoost) -> None:
     engine.warm(TEXT[:32])
     result = engine.generate(TEXT[:32], max_new_tokens=6)

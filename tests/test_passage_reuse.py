@@ -47,7 +47,9 @@ def test_recomputing_every_token_equals_full_prefill(arch: str, tokenizer) -> No
     engine.warm_passages(DOCS)
     prompt = "Context:\n" + passage(DOCS[2]) + "\n" + passage(DOCS[0]) + "\n" + QUESTION
     logits = engine.first_token_logits(prompt)
-    torch.testing.assert_close(logits, full_logits(engine, engine.tokenize(prompt)), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        logits, full_logits(engine, engine.tokenize(prompt)), atol=1e-4, rtol=0
+    )
 
 
 def test_passage_right_after_bos_needs_no_repair(arch: str, tokenizer) -> None:
