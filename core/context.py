@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import DynamicCache
 
 from kvboost_rag.core.chunker import TokenizedPrompt
@@ -19,11 +20,13 @@ from kvboost_rag.core.rope import rerotate, rotation
 
 @dataclass(frozen=True)
 class Context:
-    cache: DynamicCache  # KV for every prompt position but the last (fed to generate)
+    cache: DynamicCache  # KV for the prompt: all of it when ``logits`` is set, else all
+    # positions but the last (which generate then feeds)
     reused: int  # prompt tokens whose KV came from a cache and was kept
     exact_upto: int  # positions [0, exact_upto) hold exact (full-attention) KV
     passages_hit: int
     passages_missed: int
+    logits: torch.Tensor | None = None  # next-token logits after the prompt, when computed
 
 
 class ContextBuilder:
@@ -64,10 +67,10 @@ class ContextBuilder:
         chosen = set(get_strategy(self.repair.strategy)(plan, self.repair, self.model))
         cached = {p for s, e in spans for p in range(s, e)}
         fresh = set(range(exact, n)) - cached
-        cache = recompute(self.model, plan, sorted(chosen | fresh))
+        cache, logits = recompute(self.model, plan, sorted(chosen | fresh))
         timings.repair_ms += _ms(t)
         reused = exact + len(cached - chosen)
-        return Context(cache, reused, spans[0][0], found.hits, found.misses)
+        return Context(cache, reused, spans[0][0], found.hits, found.misses, logits)
 
     def _exact(self, blocks: list[LayerKV], length: int) -> Context:
         if not blocks:

@@ -172,13 +172,20 @@ class KVBoost:
         return PassageWarmResult(len(spans), sum(map(len, spans)), found.hits, found.misses)
 
     def first_token_logits(
-        self, prompt: str, *, passages: Sequence[str] | None = None
+        self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
     ) -> torch.Tensor:
-        """Next-token logits after ``prompt``, computed on the same cached path as
-        ``generate`` (for fidelity checks against a full prefill). Stores no prefix."""
-        tokenized = self._prompts.text(prompt, passages)
+        """Next-token logits after ``prompt`` (text, or chat messages), computed on the same
+        cached path as ``generate`` / ``chat``, for fidelity checks against a full prefill.
+        Stores no prefix."""
+        tokenized = (
+            self._prompts.text(prompt, passages)
+            if isinstance(prompt, str)
+            else self._prompts.chat(prompt)
+        )
         with self._lock, torch.inference_mode():
             context = self._context.build(tokenized, Timings())
+            if context.logits is not None:
+                return context.logits.float()
             done = context.cache.get_seq_length()
             rest = torch.tensor([tokenized.tokens[done:]], device=self.model.device)
             out = self.model(input_ids=rest, cache=context.cache, use_cache=True, logits_to_keep=1)
@@ -187,6 +194,10 @@ class KVBoost:
     def tokenize(self, prompt: str, *, passages: Sequence[str] | None = None) -> list[int]:
         """The exact token ids the model sees for ``prompt`` (markers removed)."""
         return self._prompts.text(prompt, passages).tokens
+
+    def tokenize_chat(self, messages: Sequence[Message]) -> list[int]:
+        """The exact token ids the model sees for ``messages`` (markers removed)."""
+        return self._prompts.chat(messages).tokens
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -225,7 +236,7 @@ class KVBoost:
             context = self._context.build(prompt, timings)
             collector = TokenCollector(on_token)
             gen_start = time.perf_counter()
-            self._generate(tokens, context.cache, sampling, collector, cancel)
+            self._generate(tokens, context, sampling, collector, cancel)
             end = time.perf_counter()
             first = collector.first_token_at or end
             timings.prefill_ms = (first - gen_start) * 1e3
@@ -245,27 +256,43 @@ class KVBoost:
     def _generate(
         self,
         tokens: list[int],
-        cache: Any,
+        context: Context,
         sampling: SamplingOptions,
         collector: TokenCollector,
         cancel: Cancelled,
     ) -> None:
+        """Decode with transformers' ``generate``. When the repair pass already computed
+        the prompt's last position, its logits give the first token directly and generate
+        continues from there (saving a forward pass before the first token)."""
         max_new = min(sampling.max_new_tokens, self.context_window - len(tokens))
-        config = sampling.generation_config(self.model.generation_config, max_new)
-        input_ids = torch.tensor([tokens], device=self.model.device)
         seeded = torch.random.fork_rng(devices=[]) if sampling.seed is not None else nullcontext()
         with seeded:
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
+            if context.logits is not None:
+                first = sampling.pick(context.logits)
+                collector.put(torch.tensor(tokens))  # the prompt, skipped by the collector
+                collector.put(torch.tensor([first]))
+                if max_new == 1 or first in self._eos_ids:
+                    return
+                tokens, max_new = [*tokens, first], max_new - 1
+                collector.expect_prompt()
+            config = sampling.generation_config(self.model.generation_config, max_new)
+            input_ids = torch.tensor([tokens], device=self.model.device)
             self.model.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=config,
-                cache=cache,
+                cache=context.cache,
                 streamer=collector,
                 stopping_criteria=StoppingCriteriaList([cancel]),
                 tokenizer=self.tokenizer,
             )
+
+    @property
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos])
 
     def _result(
         self,
@@ -276,11 +303,9 @@ class KVBoost:
         context: Context,
     ) -> GenerationResult:
         text, stopped = cut_at_stop(self._decode(ids), sampling.stop)
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
         if cancel.flag.is_set():
             reason = "cancelled"
-        elif stopped or (ids and ids[-1] in eos_ids):
+        elif stopped or (ids and ids[-1] in self._eos_ids):
             reason = "stop"
         else:
             reason = "length"

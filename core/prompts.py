@@ -10,8 +10,15 @@ from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError
 
 Message = dict[str, str]
 
-# Between passages given as ``passages=``, and between them and the prompt.
+# Ends every passage marked by ``format_passages``. It sits inside the marker so it is
+# cached with the passage: fixed text between passages would otherwise be recomputed.
 PASSAGE_SEPARATOR = "\n\n"
+
+
+def format_passages(texts: Sequence[str]) -> str:
+    """Passages marked for reuse, each followed by a blank line: the one way the engine,
+    ``warm_passages`` and the integrations lay out a list of retrieved passages."""
+    return "".join(passage(text + PASSAGE_SEPARATOR) for text in texts)
 
 
 class PromptEncoder:
@@ -27,8 +34,7 @@ class PromptEncoder:
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
         if not prompt and not passages:
             raise EmptyPromptError("prompt is empty: pass the text to complete")
-        marked = "".join(passage(p) + PASSAGE_SEPARATOR for p in passages or [])
-        return self._checked(marked + prompt, self.special_prefix)
+        return self._checked(format_passages(passages or []) + prompt, self.special_prefix)
 
     def chat(self, messages: Sequence[Message]) -> TokenizedPrompt:
         """Messages through the tokenizer's chat template (markers survive it)."""

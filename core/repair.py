@@ -115,15 +115,15 @@ def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, t
     return layer.keys[:, :, plan.exact :], layer.values[:, :, plan.exact :]
 
 
-def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> DynamicCache:
-    """A cache for [0, length) with fresh KV at ``chosen`` positions (sorted, unique)."""
+def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """A cache for every prompt position, fresh KV at ``chosen`` positions (sorted, unique,
+    within [0, length)) and at the last prompt token (position ``length``), whose logits
+    are returned: the repair pass is also the prefill of the first generated token."""
     cache = to_cache(plan.assembled, model.config)
-    if not chosen:
-        return cache
     n, device = plan.length, model.device
-    positions = torch.tensor(chosen, device=device)
-    ids = torch.tensor([[plan.tokens[p] for p in chosen]], device=device)
-    model(
+    positions = torch.tensor([*chosen, n], device=device)
+    ids = torch.tensor([[plan.tokens[p] for p in positions.tolist()]], device=device)
+    out = model(
         input_ids=ids,
         position_ids=positions[None],
         cache=cache,
@@ -134,15 +134,19 @@ def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> DynamicCache:
     for layer in cache.layers:
         for name in ("keys", "values"):
             full = getattr(layer, name)
-            full[:, :, positions] = full[:, :, n:]
-            setattr(layer, name, full[:, :, :n])
-    return cache
+            fresh = full[:, :, n:].clone()
+            placed = full[:, :, : n + 1]
+            placed[:, :, positions] = fresh
+            setattr(layer, name, placed)
+    return cache, out.logits[0, -1]
 
 
 def _mask(positions: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-    chosen = torch.zeros(n, dtype=torch.bool, device=positions.device)
+    """Query i (at positions[i]) sees cached positions < positions[i] that are not being
+    recomputed, and recomputed positions <= positions[i]."""
+    chosen = torch.zeros(n + 1, dtype=torch.bool, device=positions.device)
     chosen[positions] = True
-    cached = (torch.arange(n, device=positions.device)[None, :] < positions[:, None]) & ~chosen
+    cached = (torch.arange(n, device=positions.device)[None, :] < positions[:, None]) & ~chosen[:n]
     fresh = positions[None, :] <= positions[:, None]
     allowed = torch.cat([cached, fresh], dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)

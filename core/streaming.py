@@ -38,6 +38,10 @@ class TokenCollector(BaseStreamer):
     def end(self) -> None:
         pass
 
+    def expect_prompt(self) -> None:
+        """The next ``put`` is a prompt again (``generate`` called to continue)."""
+        self._saw_prompt = False
+
 
 class Cancelled(StoppingCriteria):
     """Stops generation when the flag is set (a stream consumer went away)."""

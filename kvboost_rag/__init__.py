@@ -1,13 +1,15 @@
 """kvboost-rag: compute each passage's attention KV once, reuse it in every later prompt."""
 
+from kvboost_rag.core.chunker import MarkerError, passage
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.engine import EngineStats, KVBoost, WarmResult
+from kvboost_rag.core.engine import EngineStats, KVBoost, PassageWarmResult, WarmResult
 from kvboost_rag.core.errors import (
     ContextWindowError,
     EmptyPromptError,
     KVBoostError,
     UnknownModelError,
 )
+from kvboost_rag.core.prompts import format_passages
 from kvboost_rag.core.result import GenerationResult, Timings
 from kvboost_rag.core.streaming import GenerationStream
 
@@ -20,8 +22,12 @@ __all__ = [
     "KVBoost",
     "KVBoostConfig",
     "KVBoostError",
+    "MarkerError",
+    "PassageWarmResult",
     "Timings",
     "UnknownModelError",
     "WarmResult",
+    "format_passages",
+    "passage",
 ]
 __version__ = "0.1.0"

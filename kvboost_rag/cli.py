@@ -23,10 +23,9 @@ def demo(args: argparse.Namespace) -> None:
     for question in chat_bench.QUESTIONS[: args.turns]:
         messages.append({"role": "user", "content": question})
         result = engine.chat(messages, max_new_tokens=args.max_new_tokens)
-        text = engine.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+        base = full_prefill(
+            engine.model, lambda: engine.tokenize_chat(messages), args.max_new_tokens
         )
-        base = full_prefill(engine.model, engine.tokenizer, text, args.max_new_tokens, False)
         print(f"user: {question}\nassistant: {result.text.strip()}")
         print(
             f"  TTFT {result.ttft_ms:6.1f} ms | full prefill {base.ttft_ms:6.1f} ms | "

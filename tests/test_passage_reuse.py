@@ -52,6 +52,20 @@ def test_recomputing_every_token_equals_full_prefill(arch: str, tokenizer) -> No
     )
 
 
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_k": 20, "top_p": 0.9}])
+def test_full_recompute_decodes_like_generate(tokenizer, sampling: dict) -> None:
+    """The repair pass picks the first token itself; it must pick what generate would."""
+    engine = engine_with("llama", tokenizer, repair="deviation", recompute_ratio=1.0)
+    prompt = passage(DOCS[0]) + passage(DOCS[1]) + QUESTION
+    result = engine.generate(prompt, max_new_tokens=8, seed=3, **sampling)
+    assert result.passages_missed == 2 and result.timings.repair_ms > 0
+    torch.manual_seed(3)
+    ids = torch.tensor([engine.tokenize(prompt)])
+    out = engine.model.generate(ids, max_new_tokens=8, do_sample=bool(sampling), **sampling)
+    expected = out[0, ids.shape[1] :].tolist()
+    assert result.token_ids == expected[: len(result.token_ids)]
+
+
 def test_passage_right_after_bos_needs_no_repair(arch: str, tokenizer) -> None:
     engine = engine_with(arch, tokenizer, repair="none")
     prompt = "<s>" + passage(DOCS[1]) + QUESTION
@@ -68,7 +82,7 @@ def test_reordered_passages_are_all_hits(tokenizer) -> None:
     assert (first.passages_hit, first.passages_missed) == (0, 3)
     second = engine.generate(QUESTION, passages=DOCS[::-1], max_new_tokens=4)
     assert (second.passages_hit, second.passages_missed) == (3, 0)
-    passage_tokens = sum(len(tokenizer(d)["input_ids"]) for d in DOCS)
+    passage_tokens = sum(len(tokenizer(d + "\n\n")["input_ids"]) for d in DOCS)
     edges = 3 * engine.config.repair_settings().edge_tokens
     assert second.reused_tokens == passage_tokens - edges
     assert second.recomputed_tokens == second.prompt_tokens - second.reused_tokens

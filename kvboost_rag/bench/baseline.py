@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +28,10 @@ class BaselineRun:
         return n / ((self.total_ms - self.ttft_ms) / 1e3) if n > 0 else 0.0
 
 
-def full_prefill(
-    model: Any, tokenizer: Any, text: str, max_new_tokens: int, add_special_tokens: bool = True
-) -> BaselineRun:
-    """Greedy decode of ``text`` with no cache reuse at all."""
+def full_prefill(model: Any, tokenize: Callable[[], list[int]], max_new_tokens: int) -> BaselineRun:
+    """Greedy decode with no cache reuse at all; ``tokenize`` runs inside the timing."""
     start = time.perf_counter()
-    ids = tokenizer(text, add_special_tokens=add_special_tokens, return_tensors="pt")["input_ids"]
+    ids = torch.tensor([tokenize()])
     collector = TokenCollector()
     with torch.inference_mode():
         model.generate(

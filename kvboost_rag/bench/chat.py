@@ -43,10 +43,9 @@ def run(engine: KVBoost, repeats: int, max_new_tokens: int) -> list[dict[str, An
         for turn, question in enumerate(QUESTIONS):
             messages.append({"role": "user", "content": question})
             result = engine.chat(messages, max_new_tokens=max_new_tokens)
-            text = engine.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+            base = full_prefill(
+                engine.model, lambda m=messages: engine.tokenize_chat(m), max_new_tokens
             )
-            base = full_prefill(engine.model, engine.tokenizer, text, max_new_tokens, False)
             row = turns[turn]
             row.update(prompt=result.prompt_tokens, reused=result.reused_tokens)
             row["ttft"].append(result.ttft_ms)
@@ -79,7 +78,9 @@ def decode_throughput(engine: KVBoost, max_new_tokens: int, repeats: int) -> dic
         r = engine.generate(prompt, max_new_tokens=max_new_tokens)
         ours.append((len(r.token_ids) - 1) / (r.timings.decode_ms / 1e3))
         base.append(
-            full_prefill(engine.model, engine.tokenizer, prompt, max_new_tokens).decode_tokens_per_s
+            full_prefill(
+                engine.model, lambda: engine.tokenize(prompt), max_new_tokens
+            ).decode_tokens_per_s
         )
     return {
         "engine_tok_s": median(ours),

