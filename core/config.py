@@ -37,8 +37,9 @@ class KVBoostConfig:
     recompute_ratio: float | None = None
     # Leading tokens of each reused passage recomputed by the "edges" strategy.
     edge_tokens: int | None = None
-    # Layers the "deviation" strategy runs over every token to measure KV deviation.
-    probe_layers: int = 2
+    # Decoder layers the "deviation" / "query" strategies run to choose tokens; None takes
+    # the strategy's default (deviation: 2, query: all).
+    probe_layers: int | None = None
     # Passages longer than this split into sentence-aligned pieces, each cached alone.
     max_passage_tokens: int = 512
     # Encode passages after the tokenizer's BOS (not stored) instead of at position 0.
@@ -59,7 +60,9 @@ class KVBoostConfig:
             raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio}")
         if self.edge_tokens is not None and self.edge_tokens < 0:
             raise ValueError(f"edge_tokens must be >= 0, got {self.edge_tokens}")
-        for name in ("probe_layers", "max_passage_tokens", "encode_batch_tokens"):
+        if self.probe_layers is not None and self.probe_layers < 1:
+            raise ValueError(f"probe_layers must be >= 1, got {self.probe_layers}")
+        for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -73,7 +76,7 @@ class KVBoostConfig:
             strategy=self.repair or base.strategy,
             recompute_ratio=_pick(self.recompute_ratio, base.recompute_ratio),
             edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
-            probe_layers=self.probe_layers,
+            probe_layers=_pick(self.probe_layers, base.probe_layers),
         )
 
 
@@ -81,8 +84,10 @@ def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
-# Defaults per fidelity level, chosen by measurement (README, "Fidelity levels").
+# Defaults per fidelity level, chosen by measurement (README, "Fidelity levels"): on the
+# embedded model query-aware selection halved first-token KL against deviation at the same
+# ratio, and edges cost time without lowering KL, so "fast" repairs nothing.
 FIDELITY_REPAIR: dict[str, RepairSettings] = {
-    "balanced": RepairSettings("deviation", edge_tokens=0, recompute_ratio=0.15, probe_layers=2),
-    "fast": RepairSettings("edges", edge_tokens=4, recompute_ratio=0.0, probe_layers=2),
+    "balanced": RepairSettings("query", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
+    "fast": RepairSettings("none", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
 }

@@ -10,7 +10,8 @@ text, the question) are always computed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,8 @@ class RepairSettings:
     strategy: str  # a key of STRATEGIES
     edge_tokens: int  # "edges": first tokens of each reused passage
     recompute_ratio: float  # "deviation": share of reused tokens recomputed
-    probe_layers: int  # "deviation": layers run over every token to measure deviation
+    probe_layers: int | None  # "deviation" / "query": decoder layers run to choose tokens
+    # (None: deviation 2, query all; capped at the model's depth)
 
 
 Strategy = Callable[[RepairPlan, RepairSettings, Any], list[int]]
@@ -61,8 +63,9 @@ def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> 
     count = int(round(settings.recompute_ratio * len(reused)))
     if not count:
         return []
-    fresh = probe_kv(model, plan, settings.probe_layers)
-    layer = settings.probe_layers - 1
+    layers = min(settings.probe_layers or 2, len(model.model.layers))
+    fresh = probe_kv(model, plan, layers)
+    layer = layers - 1
     index = torch.tensor(reused, device=fresh[0].device)
     cached_k, cached_v = (t.index_select(-2, index).float() for t in plan.assembled[layer])
     fresh_k, fresh_v = (t.index_select(-2, index - plan.exact).float() for t in fresh)
@@ -73,10 +76,24 @@ def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> 
     return [reused[i] for i in top.tolist()]
 
 
+def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Recompute the reused tokens the question attends to most (ProphetKV): those are the
+    ones the answer is read from. The question is run over the first ``probe_layers``."""
+    reused = [p for start, end in plan.spans for p in range(start, end)]
+    count = int(round(settings.recompute_ratio * len(reused)))
+    if not count:
+        return []
+    depth = len(model.model.layers)
+    score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
+    top = score[torch.tensor(reused, device=score.device)].topk(count).indices
+    return [reused[i] for i in top.tolist()]
+
+
 STRATEGIES: dict[str, Strategy] = {
     "none": choose_none,
     "edges": choose_edges,
     "deviation": choose_deviation,
+    "query": choose_query,
 }
 
 
@@ -93,26 +110,65 @@ class _ProbeDone(Exception):
     pass
 
 
+@contextmanager
+def _first_layers(model: Any, layers: int) -> Iterator[None]:
+    """Run only the first ``layers`` decoder layers of the next forward pass."""
+    blocks = model.model.layers
+    if layers >= len(blocks):
+        yield
+        return
+
+    def stop(*_: object) -> None:
+        raise _ProbeDone
+
+    handle = blocks[layers - 1].register_forward_hook(stop)
+    try:
+        yield
+    except _ProbeDone:
+        pass
+    finally:
+        handle.remove()
+
+
 def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh (keys, values) of layer ``layers - 1`` for positions [exact, length), computed
     with full attention over the exact prefix; the forward stops after that layer."""
     prefix = [(k[:, :, : plan.exact], v[:, :, : plan.exact]) for k, v in plan.assembled]
     cache = to_cache(prefix, model.config)
-    target = model.model.layers[layers - 1]
-
-    def stop(*_: object) -> None:
-        raise _ProbeDone
-
-    handle = target.register_forward_hook(stop)
     ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
-    try:
+    with _first_layers(model, layers):
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    except _ProbeDone:
-        pass
-    finally:
-        handle.remove()
     layer = cache.layers[layers - 1]
     return layer.keys[:, :, plan.exact :], layer.values[:, :, plan.exact :]
+
+
+def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tensor:
+    """Attention the question's tokens (everything after the last passage) pay to each
+    earlier position over the unrepaired cache, summed over the first ``layers`` layers,
+    heads and question tokens."""
+    tail = max(end for _, end in plan.spans)
+    prefix = [(k[:, :, :tail], v[:, :, :tail]) for k, v in plan.assembled]
+    cache = to_cache(prefix, model.config)
+    ids = torch.tensor([plan.tokens[tail : plan.length + 1]], device=model.device)
+    positions = torch.arange(tail, plan.length + 1, device=model.device)[None]
+    score = torch.zeros(tail, device=model.device)
+
+    def collect(module: Any, args: Any, output: Any) -> None:
+        score.add_(output[1][0, :, :, :tail].float().sum(dim=(0, 1)))
+
+    hooks = [
+        block.self_attn.register_forward_hook(collect) for block in model.model.layers[:layers]
+    ]
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # the only implementation that returns weights
+    try:
+        with _first_layers(model, layers):
+            model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
+    finally:
+        model.set_attn_implementation(previous)
+        for hook in hooks:
+            hook.remove()
+    return score
 
 
 def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicCache, torch.Tensor]:

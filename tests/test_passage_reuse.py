@@ -42,8 +42,9 @@ def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokeni
         torch.testing.assert_close(values, fresh.values[:, :, a:], atol=2e-5, rtol=0)
 
 
-def test_recomputing_every_token_equals_full_prefill(arch: str, tokenizer) -> None:
-    engine = engine_with(arch, tokenizer, repair="deviation", recompute_ratio=1.0)
+@pytest.mark.parametrize("strategy", ["deviation", "query"])
+def test_recomputing_every_token_equals_full_prefill(arch: str, tokenizer, strategy: str) -> None:
+    engine = engine_with(arch, tokenizer, repair=strategy, recompute_ratio=1.0)
     engine.warm_passages(DOCS)
     prompt = "Context:\n" + passage(DOCS[2]) + "\n" + passage(DOCS[0]) + "\n" + QUESTION
     logits = engine.first_token_logits(prompt)
@@ -77,13 +78,13 @@ def test_passage_right_after_bos_needs_no_repair(arch: str, tokenizer) -> None:
 
 
 def test_reordered_passages_are_all_hits(tokenizer) -> None:
-    engine = engine_with("llama", tokenizer, fidelity="fast")
+    engine = engine_with("llama", tokenizer, fidelity="fast", repair="edges", edge_tokens=4)
     first = engine.generate(QUESTION, passages=DOCS, max_new_tokens=4)
     assert (first.passages_hit, first.passages_missed) == (0, 3)
     second = engine.generate(QUESTION, passages=DOCS[::-1], max_new_tokens=4)
     assert (second.passages_hit, second.passages_missed) == (3, 0)
     passage_tokens = sum(len(tokenizer(d + "\n\n")["input_ids"]) for d in DOCS)
-    edges = 3 * engine.config.repair_settings().edge_tokens
+    edges = 3 * 4
     assert second.reused_tokens == passage_tokens - edges
     assert second.recomputed_tokens == second.prompt_tokens - second.reused_tokens
     assert second.timings.repair_ms > 0 and second.timings.encode_ms == 0
@@ -131,8 +132,27 @@ def test_model_without_rope_falls_back_to_exact_reuse(tokenizer) -> None:
     assert result.passages_missed == 0
 
 
+def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
+    from kvboost_rag.core.repair import RepairPlan, RepairSettings, choose_query, question_attention
+
+    engine = engine_with("llama", tokenizer)
+    prompt = engine._prompts.text(QUESTION, DOCS)
+    n = len(prompt.tokens) - 1
+    kv = engine._passages.fetch([prompt.tokens[s:e] for s, e in prompt.passages]).kv
+    assembled = engine._context._assemble([], 0, n, prompt, prompt.passages, kv)
+    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, assembled)
+    with torch.inference_mode():
+        score = question_attention(engine.model, plan, 3)
+        chosen = choose_query(plan, RepairSettings("query", 0, 0.1, None), engine.model)
+    reused = [p for s, e in prompt.passages for p in range(s, e)]
+    assert len(chosen) == round(0.1 * len(reused)) and set(chosen) <= set(reused)
+    threshold = min(float(score[p]) for p in chosen)
+    assert all(float(score[p]) <= threshold + 1e-6 for p in set(reused) - set(chosen))
+    assert engine.model.config._attn_implementation == "sdpa"  # restored after the probe
+
+
 def test_strategy_registry_lists_choices() -> None:
-    assert {"none", "edges", "deviation"} <= set(STRATEGIES)
+    assert {"none", "edges", "deviation", "query"} <= set(STRATEGIES)
     with pytest.raises(KeyError, match="choose one of"):
         get_strategy("magic")
     with pytest.raises(ValueError, match="repair must be one of"):

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvboost_rag.core.chunker import split_passage
 
-CITIES = [
+NAMES = [
     "Harbor",
     "Maple",
     "Granite",
@@ -36,6 +36,7 @@ CITIES = [
     "Onyx",
     "Prairie",
 ]
+COLORS = ["Red", "Blue", "Green", "Silver", "Golden", "Black", "White", "Violet"]
 
 
 def essay_texts() -> list[str]:
@@ -65,19 +66,16 @@ def passages(tokenizer: Any, max_tokens: int, count: int, skip: int = 0) -> list
 
 
 def fact_passages(texts: list[str], seed: int) -> list[FactPassage]:
-    """Give each text a fact: an invented archive code, asked about by its question."""
+    """Give each text a fact: an invented archive code, asked about by its question.
+    Archive names and codes are unique, so exactly one passage answers each question."""
     rng = random.Random(seed)
+    names = [f"{c} {n}" for c in COLORS for n in NAMES]
+    rng.shuffle(names)
+    codes = rng.sample(range(1000, 10000), len(texts))
     out = []
-    for i, text in enumerate(texts):
-        city, code = (
-            CITIES[i % len(CITIES)] + (str(i // len(CITIES)) if i >= len(CITIES) else ""),
-            (str(rng.randint(1000, 9999))),
-        )
-        fact = f"The access code for the {city} archive is {code}."
+    for text, name, code in zip(texts, names, codes):
+        fact = f"The access code for the {name} archive is {code}."
         head, _, rest = text.partition(". ")
-        out.append(
-            FactPassage(
-                f"{head}. {fact} {rest}", f"What is the access code for the {city} archive?", code
-            )
-        )
+        question = f"What is the access code for the {name} archive?"
+        out.append(FactPassage(f"{head}. {fact} {rest}", question, str(code)))
     return out

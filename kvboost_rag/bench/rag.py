@@ -35,12 +35,13 @@ SYSTEMS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     ],
     "ablation": [
         ("none", {"repair": "none"}),
-        ("edges k=2", {"repair": "edges", "edge_tokens": 2}),
-        ("edges k=8", {"repair": "edges", "edge_tokens": 8}),
-        ("deviation r=0.05", {"repair": "deviation", "recompute_ratio": 0.05}),
+        ("edges k=4", {"repair": "edges", "edge_tokens": 4}),
         ("deviation r=0.15", {"repair": "deviation", "recompute_ratio": 0.15}),
-        ("deviation r=0.30", {"repair": "deviation", "recompute_ratio": 0.30}),
-        ("no anchor, edges k=8", {"repair": "edges", "edge_tokens": 8, "passage_anchor": False}),
+        ("query r=0.05 L=30", {"repair": "query", "recompute_ratio": 0.05, "probe_layers": 30}),
+        ("query r=0.15 L=30", {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 30}),
+        ("query r=0.05 L=8", {"repair": "query", "recompute_ratio": 0.05, "probe_layers": 8}),
+        ("query r=0.15 L=8", {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8}),
+        ("none, no anchor", {"repair": "none", "passage_anchor": False}),
     ],
 }
 
