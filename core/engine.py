@@ -2,61 +2,42 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import StoppingCriteriaList
 
 from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.context import Context, ContextBuilder
+from kvboost_rag.core.decoding import decode, eos_ids, model_lock
 from kvboost_rag.core.fingerprint import model_fingerprint
 from kvboost_rag.core.kv import concat_kv, to_cache
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
 from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens
-from kvboost_rag.core.result import GenerationResult, Timings
+from kvboost_rag.core.result import (
+    EngineStats,
+    GenerationResult,
+    PassageWarmResult,
+    Timings,
+    WarmResult,
+)
 from kvboost_rag.core.rope import rotary_embedding
 from kvboost_rag.core.sampling import SamplingOptions
-from kvboost_rag.core.store import MemoryStore, StoreStats
+from kvboost_rag.core.store import MemoryStore
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
-
-
-@dataclass(frozen=True)
-class WarmResult:
-    tokens: int  # tokens in the warmed text
-    cached_tokens: int  # of those, already cached before this call
-    stored_blocks: int  # new blocks stored by this call
-
-
-@dataclass(frozen=True)
-class PassageWarmResult:
-    passages: int  # passage pieces after splitting long passages
-    tokens: int  # their tokens
-    cached: int  # pieces already cached before this call
-    encoded: int  # pieces encoded and stored by this call
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    cache: StoreStats  # the KV store: size, entries, hits, misses, evictions
-    requests: int  # completed generate/chat/stream calls
-    prompt_tokens: int  # summed over requests
-    reused_tokens: int  # prompt tokens served from cache, summed over requests
 
 
 class KVBoost:
     """A model, its tokenizer and KV caches that make repeated context cheap.
 
-    Safe to share between threads: requests run one at a time under the engine's lock
-    (one forward pass already uses every core), so results equal serial calls.
+    Safe to share between threads: requests run one at a time under a lock held by the
+    model (one forward pass already uses every core), so results equal serial calls, also
+    across several engines wrapping the same model.
     """
 
     def __init__(self, model: Any, tokenizer: Any, config: KVBoostConfig | None = None) -> None:
@@ -74,7 +55,7 @@ class KVBoost:
         repair = self.config.repair_settings() if self._passages is not None else None
         rotary = rotary_embedding(model)
         self._context = ContextBuilder(model, self._prefix, self._passages, rotary, repair)
-        self._lock = threading.RLock()
+        self._lock = model_lock(model)
         self._requests = self._prompt_tokens = self._reused_tokens = 0
 
     def _passage_cache(self) -> PassageCache | None:
@@ -236,7 +217,10 @@ class KVBoost:
             context = self._context.build(prompt, timings)
             collector = TokenCollector(on_token)
             gen_start = time.perf_counter()
-            self._generate(tokens, context, sampling, collector, cancel)
+            max_new = min(sampling.max_new_tokens, self.context_window - len(tokens))
+            decode(
+                self.model, self.tokenizer, tokens, context, sampling, max_new, collector, cancel
+            )
             end = time.perf_counter()
             first = collector.first_token_at or end
             timings.prefill_ms = (first - gen_start) * 1e3
@@ -253,47 +237,6 @@ class KVBoost:
             self._reused_tokens += context.reused
         return result
 
-    def _generate(
-        self,
-        tokens: list[int],
-        context: Context,
-        sampling: SamplingOptions,
-        collector: TokenCollector,
-        cancel: Cancelled,
-    ) -> None:
-        """Decode with transformers' ``generate``. When the repair pass already computed
-        the prompt's last position, its logits give the first token directly and generate
-        continues from there (saving a forward pass before the first token)."""
-        max_new = min(sampling.max_new_tokens, self.context_window - len(tokens))
-        seeded = torch.random.fork_rng(devices=[]) if sampling.seed is not None else nullcontext()
-        with seeded:
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
-            if context.logits is not None:
-                first = sampling.pick(context.logits)
-                collector.put(torch.tensor(tokens))  # the prompt, skipped by the collector
-                collector.put(torch.tensor([first]))
-                if max_new == 1 or first in self._eos_ids:
-                    return
-                tokens, max_new = [*tokens, first], max_new - 1
-                collector.expect_prompt()
-            config = sampling.generation_config(self.model.generation_config, max_new)
-            input_ids = torch.tensor([tokens], device=self.model.device)
-            self.model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                generation_config=config,
-                cache=context.cache,
-                streamer=collector,
-                stopping_criteria=StoppingCriteriaList([cancel]),
-                tokenizer=self.tokenizer,
-            )
-
-    @property
-    def _eos_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        return set(eos if isinstance(eos, list) else [eos])
-
     def _result(
         self,
         tokens: list[int],
@@ -305,7 +248,7 @@ class KVBoost:
         text, stopped = cut_at_stop(self._decode(ids), sampling.stop)
         if cancel.flag.is_set():
             reason = "cancelled"
-        elif stopped or (ids and ids[-1] in self._eos_ids):
+        elif stopped or (ids and ids[-1] in eos_ids(self.model)):
             reason = "stop"
         else:
             reason = "length"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from kvboost_rag.core.store import StoreStats
+
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -51,3 +53,26 @@ class GenerationResult:
     @property
     def completion_tokens(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    tokens: int  # tokens in the warmed text
+    cached_tokens: int  # of those, already cached before this call
+    stored_blocks: int  # new blocks stored by this call
+
+
+@dataclass(frozen=True)
+class PassageWarmResult:
+    passages: int  # passage pieces after splitting long passages
+    tokens: int  # their tokens
+    cached: int  # pieces already cached before this call
+    encoded: int  # pieces encoded and stored by this call
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    cache: StoreStats  # the KV store: size, entries, hits, misses, evictions
+    requests: int  # completed generate/chat/stream calls
+    prompt_tokens: int  # summed over requests
+    reused_tokens: int  # prompt tokens served from cache, summed over requests

@@ -2,7 +2,7 @@
 
 from kvboost_rag.core.chunker import MarkerError, passage
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.engine import EngineStats, KVBoost, PassageWarmResult, WarmResult
+from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.errors import (
     ContextWindowError,
     EmptyPromptError,
@@ -10,7 +10,13 @@ from kvboost_rag.core.errors import (
     UnknownModelError,
 )
 from kvboost_rag.core.prompts import format_passages
-from kvboost_rag.core.result import GenerationResult, Timings
+from kvboost_rag.core.result import (
+    EngineStats,
+    GenerationResult,
+    PassageWarmResult,
+    Timings,
+    WarmResult,
+)
 from kvboost_rag.core.streaming import GenerationStream
 
 __all__ = [

@@ -1,0 +1,71 @@
+"""Decoding through transformers' ``generate`` on an assembled cache."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from transformers import StoppingCriteriaList
+
+from kvboost_rag.core.context import Context
+from kvboost_rag.core.sampling import SamplingOptions
+from kvboost_rag.core.streaming import Cancelled, TokenCollector
+
+
+def decode(
+    model: Any,
+    tokenizer: Any,
+    tokens: list[int],
+    context: Context,
+    sampling: SamplingOptions,
+    max_new: int,
+    collector: TokenCollector,
+    cancel: Cancelled,
+) -> None:
+    """Generate up to ``max_new`` tokens after ``tokens``. When the repair pass already
+    computed the prompt's last position, its logits give the first token directly and
+    generate continues from there (saving a forward pass before the first token)."""
+    seeded = torch.random.fork_rng(devices=[]) if sampling.seed is not None else nullcontext()
+    with seeded:
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        if context.logits is not None:
+            first = sampling.pick(context.logits)
+            collector.put(torch.tensor(tokens))  # the prompt, skipped by the collector
+            collector.put(torch.tensor([first]))
+            if max_new == 1 or first in eos_ids(model):
+                return
+            tokens, max_new = [*tokens, first], max_new - 1
+            collector.expect_prompt()
+        config = sampling.generation_config(model.generation_config, max_new)
+        input_ids = torch.tensor([tokens], device=model.device)
+        model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=config,
+            cache=context.cache,
+            streamer=collector,
+            stopping_criteria=StoppingCriteriaList([cancel]),
+            tokenizer=tokenizer,
+        )
+
+
+def eos_ids(model: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """One lock per model object: engines sharing a model must not interleave forwards
+    (a repair probe switches the model's attention implementation for one call)."""
+    with _LOCKS_GUARD:
+        lock = getattr(model, "_kvboost_lock", None)
+        if lock is None:
+            lock = threading.RLock()
+            model._kvboost_lock = lock
+        return lock
