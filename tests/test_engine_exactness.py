@@ -61,6 +61,16 @@ def test_divergence_inside_a_full_block_reuses_up_to_it(engine: KVBoost) -> None
     )
 
 
+def test_short_cached_prefix_is_not_worth_a_masked_prefill(engine: KVBoost) -> None:
+    engine.warm(TEXT[:8])
+    prompt = TEXT[:8] + "x" * 40  # 8 cached of 48: a plain prefill is cheaper
+    result = engine.generate(prompt, max_new_tokens=2)
+    assert result.reused_tokens == 0
+    torch.testing.assert_close(
+        engine.first_token_logits(prompt), full_prefill_logits(engine, prompt), atol=1e-5, rtol=0
+    )
+
+
 def test_fully_cached_prompt_still_generates(engine: KVBoost) -> None:
     engine.warm(TEXT[:32])
     result = engine.generate(TEXT[:32], max_new_tokens=6)
