@@ -84,10 +84,11 @@ def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
-# Defaults per fidelity level, chosen by measurement (README, "Fidelity levels"): on the
-# embedded model query-aware selection halved first-token KL against deviation at the same
-# ratio, and edges cost time without lowering KL, so "fast" repairs nothing.
+# Defaults per fidelity level, chosen by measurement (docs/bench/rag-ablation-*.txt): on the
+# embedded model query-aware selection at 15% had less than half the first-token KL of the
+# deviation probe at the same ratio; 30% was the least that raised task accuracy well
+# above no repair; edges cost time without lowering KL, so "fast" repairs nothing.
 FIDELITY_REPAIR: dict[str, RepairSettings] = {
-    "balanced": RepairSettings("query", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
+    "balanced": RepairSettings("query", edge_tokens=4, recompute_ratio=0.30, probe_layers=None),
     "fast": RepairSettings("none", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
 }

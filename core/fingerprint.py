@@ -19,7 +19,7 @@ _SAMPLES_PER_TENSOR = 512
 
 def model_fingerprint(model: torch.nn.Module, tokenizer: object) -> bytes:
     """A 16-byte digest of config, dtype, weights (sampled) and tokenizer."""
-    config = model.config.to_dict()  # type: ignore[operator]
+    config = model.config.to_dict()  # type: ignore[union-attr,operator]
     for volatile in ("_name_or_path", "transformers_version", "_commit_hash"):
         config.pop(volatile, None)
     parts = [

@@ -25,7 +25,7 @@ def kv_length(kv: LayerKV) -> int:
 def slice_cache(cache: DynamicCache, start: int, end: int) -> LayerKV:
     """Copy positions [start, end) out of a cache (a copy, so the cache can be freed)."""
     return [
-        (layer.keys[:, :, start:end].clone(), layer.values[:, :, start:end].clone())
+        (layer.keys[:, :, start:end].clone(), layer.values[:, :, start:end].clone())  # type: ignore[union-attr,index]
         for layer in cache.layers
     ]
 

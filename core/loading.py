@@ -115,5 +115,5 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs)
     if "device_map" not in model_kwargs:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]
     return model.eval(), tokenizer

@@ -3,55 +3,75 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import time
+from functools import partial
+from typing import Any
 
 from kvboost_rag.bench import chat as chat_bench
+from kvboost_rag.bench import rag as rag_bench
+
+
+def _line(result: Any, base: Any) -> str:
+    return (
+        f"  TTFT {result.ttft_ms:6.1f} ms | full prefill {base.ttft_ms:6.1f} ms | "
+        f"reused {result.reused_tokens}/{result.prompt_tokens} prompt tokens "
+        f"({100 * result.kv_reuse_ratio:.0f}%), passages hit {result.passages_hit}"
+    )
 
 
 def demo(args: argparse.Namespace) -> None:
-    """A short conversation on the embedded model: each answer with its TTFT, the share of
-    the prompt served from cache, and a full-prefill TTFT of the same tokens beside it."""
+    """A conversation, then questions over essay passages retrieved in changing orders:
+    each answer with its TTFT, the share of the prompt served from cache, and a
+    full-prefill TTFT of the same tokens beside it."""
     from kvboost_rag import KVBoost
     from kvboost_rag.bench.baseline import full_prefill
+    from kvboost_rag.bench.corpus import fact_passages, passages
 
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)
-    print(
-        f"model {args.model} ({engine.model.dtype}), "
-        f"cache block {engine.config.block_tokens} tokens\n"
-    )
+    print(f"model {args.model} ({engine.model.dtype}), fidelity {engine.config.fidelity}\n")
+    print("== multi-turn chat (history reused exactly) ==")
     messages = [{"role": "system", "content": chat_bench.SYSTEM}]
     for question in chat_bench.QUESTIONS[: args.turns]:
         messages.append({"role": "user", "content": question})
         result = engine.chat(messages, max_new_tokens=args.max_new_tokens)
-        base = full_prefill(
-            engine.model, lambda: engine.tokenize_chat(messages), args.max_new_tokens
-        )
-        print(f"user: {question}\nassistant: {result.text.strip()}")
-        print(
-            f"  TTFT {result.ttft_ms:6.1f} ms | full prefill {base.ttft_ms:6.1f} ms | "
-            f"reused {result.reused_tokens}/{result.prompt_tokens} prompt tokens "
-            f"({100 * result.kv_reuse_ratio:.0f}%)\n"
-        )
+        base = full_prefill(engine.model, partial(engine.tokenize_chat, messages), 1)
+        print(f"user: {question}\nassistant: {result.text.strip()}\n{_line(result, base)}\n")
         messages.append({"role": "assistant", "content": result.text})
+
+    print("== RAG over Paul Graham essay passages (each passage's KV reused) ==")
+    pool = fact_passages(passages(engine.tokenizer, 140, 24), seed=0)
+    start = time.perf_counter()
+    warmed = engine.warm_passages([p.text for p in pool])
+    print(
+        f"warmed {warmed.passages} passages ({warmed.tokens} tokens) in "
+        f"{time.perf_counter() - start:.1f} s\n"
+    )
+    for docs, target in rag_bench.queries(pool, 7, args.questions, seed=1):
+        rag_messages = rag_bench.messages_for(docs, target.question)
+        result = engine.chat(rag_messages, max_new_tokens=16)
+        base = full_prefill(engine.model, partial(engine.tokenize_chat, rag_messages), 1)
+        print(f"Q: {target.question} (expected {target.answer})\nA: {result.text.strip()}")
+        print(_line(result, base) + "\n")
     print(engine.stats().cache)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kvboost-rag", description="kvboost-rag tools")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="a short chat on the embedded model, with timings")
+    p = sub.add_parser("demo", help="chat and RAG on the embedded model, with timings")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
-    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--questions", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.set_defaults(func=demo)
-    b = sub.add_parser("bench", help="benchmarks; args after `bench chat` go to the workload")
-    b.add_argument("workload", choices=["chat"])
+    b = sub.add_parser("bench", help="benchmarks; arguments after the workload go to it")
+    b.add_argument("workload", choices=["chat", "rag"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(func=lambda a: chat_bench.main(a.rest))
+    b.set_defaults(func=lambda a: {"chat": chat_bench, "rag": rag_bench}[a.workload].main(a.rest))
     args = parser.parse_args(argv)
     args.func(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,5 +49,5 @@ def full_prefill(model: Any, tokenize: Callable[[], list[int]], max_new_tokens: 
     return BaselineRun(collector.token_ids, (first - start) * 1e3, (end - start) * 1e3)
 
 
-def median(values: list[float]) -> float:
+def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def run(engine: KVBoost, repeats: int, max_new_tokens: int) -> list[dict[str, An
             messages.append({"role": "user", "content": question})
             result = engine.chat(messages, max_new_tokens=max_new_tokens)
             base = full_prefill(
-                engine.model, lambda m=messages: engine.tokenize_chat(m), max_new_tokens
+                engine.model, partial(engine.tokenize_chat, messages), max_new_tokens
             )
             row = turns[turn]
             row.update(prompt=result.prompt_tokens, reused=result.reused_tokens)

@@ -16,6 +16,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,7 @@ def cold(
     for i in range(n):
         docs = fresh[i * k : (i + 1) * k]
         messages = messages_for(docs, docs[0].question)
-        theirs.append(full_prefill(base.model, lambda m=messages: base.tokenize_chat(m), 1).ttft_ms)
+        theirs.append(full_prefill(base.model, partial(base.tokenize_chat, messages), 1).ttft_ms)
         result = engine.chat(messages, max_new_tokens=1)
         assert result.passages_missed == k
         ours.append(result.ttft_ms)
