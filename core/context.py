@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,16 +23,25 @@ from kvboost_rag.core.rope import rerotate, rotation
 # therefore ignored and the prompt prefilled plainly, which is exact all the same.
 MASKED_PREFILL_COST = 1.45
 
+# When more than this share of a prompt's passage tokens is not cached, encoding them alone
+# and repairing costs more than a plain prefill (measured 1.42x on a cold 8-passage prompt
+# with balanced repair), so the prompt is prefilled plainly and its passages are encoded
+# after the answer, for the next prompt that holds them.
+COLD_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class Context:
     cache: DynamicCache  # KV for the prompt: all of it when ``logits`` is set, else all
     # positions but the last (which generate then feeds)
     reused: int  # prompt tokens whose KV came from a cache and was kept
-    exact_upto: int  # positions [0, exact_upto) hold exact (full-attention) KV
+    exact_upto: int | None  # positions [0, exact_upto) hold exact KV; None: all of it
     passages_hit: int
     passages_missed: int
     logits: torch.Tensor | None = None  # next-token logits after the prompt, when computed
+    # Passages to encode and store after the answer (a mostly cold prompt is prefilled
+    # plainly instead: exact, and no slower than a full prefill).
+    deferred: list[list[int]] = field(default_factory=list)
 
 
 class ContextBuilder:
@@ -61,7 +70,19 @@ class ContextBuilder:
         if self.passages is None or not spans:
             timings.lookup_ms += _ms(t)
             return self._exact(match.blocks, exact, n)
-        found = self.passages.fetch([tokens[s:e] for s, e in _full_spans(prompt, spans)])
+        passages = [tokens[s:e] for s, e in _full_spans(prompt, spans)]
+        known = self.passages.cached(passages)
+        missing = [p for p, kv in zip(passages, known) if kv is None]
+        if sum(map(len, missing)) > COLD_SHARE * sum(map(len, passages)):
+            timings.lookup_ms += _ms(t)
+            context = self._exact(match.blocks, exact, n)
+            return replace(
+                context,
+                passages_missed=len(missing),
+                deferred=missing,
+                passages_hit=len(passages) - len(missing),
+            )
+        found = self.passages.fetch(passages, known)
         timings.encode_ms += found.encode_ms
         timings.lookup_ms += _ms(t) - found.encode_ms
         t = time.perf_counter()
@@ -81,9 +102,9 @@ class ContextBuilder:
     def _exact(self, blocks: list[LayerKV], length: int, total: int) -> Context:
         if not blocks or (total - length) * MASKED_PREFILL_COST >= total:
             # Too little cached to pay for the masked attention a cached prefix forces.
-            return Context(to_cache([], self.model.config), 0, 0, 0, 0)
+            return Context(to_cache([], self.model.config), 0, None, 0, 0)
         kv = [(k[:, :, :length], v[:, :, :length]) for k, v in concat_kv(blocks)]
-        return Context(to_cache(kv, self.model.config), length, length, 0, 0)
+        return Context(to_cache(kv, self.model.config), length, None, 0, 0)
 
     def _assemble(
         self,

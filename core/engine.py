@@ -142,11 +142,17 @@ class KVBoost:
                 stored = 0
         return WarmResult(len(tokens), match.length, stored)
 
-    def warm_passages(self, texts: Sequence[str]) -> PassageWarmResult:
-        """Encode and cache passages so later prompts that contain them reuse their KV."""
+    def warm_passages(self, texts: Sequence[str] | str) -> PassageWarmResult:
+        """Encode and cache passages so later prompts that contain them reuse their KV.
+
+        A list of texts is laid out as ``format_passages`` / ``passages=`` lay it out; a
+        single string is a prompt whose ``passage()``-marked passages are warmed as marked.
+        """
         if self._passages is None:
             raise ValueError('passage reuse is off (fidelity="exact" or a model without RoPE)')
-        prompt = self._prompts.text("", texts)
+        prompt = (
+            self._prompts.text(texts) if isinstance(texts, str) else self._prompts.text("", texts)
+        )
         spans = [prompt.tokens[s:e] for s, e in prompt.passages]
         with self._lock, torch.inference_mode():
             found = self._passages.fetch(spans)
@@ -269,11 +275,12 @@ class KVBoost:
         """Store the new exact blocks of the prompt (and the answer) for later requests.
         KV after the first reused passage is approximate and never enters the prefix cache."""
         stream = tokens + generated[:-1] if self.config.cache_generated else tokens
-        exact = (
-            context.exact_upto if context.passages_hit + context.passages_missed else len(stream)
-        )
+        exact = len(stream) if context.exact_upto is None else context.exact_upto
         upto = min(len(stream), context.cache.get_seq_length(), exact)
         self._prefix.insert(stream, context.cache, upto)
+        if context.deferred:
+            assert self._passages is not None
+            self._passages.fetch(context.deferred)
 
 
 def _ms(since: float) -> float:

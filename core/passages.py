@@ -49,28 +49,37 @@ class PassageCache:
     def key(self, tokens: Sequence[int]) -> bytes:
         return digest(b"passage", self._root, token_bytes(tokens))
 
-    def fetch(self, passages: Sequence[Sequence[int]]) -> PassageLookup:
-        """KV of every passage: cached ones from the store, the rest encoded in batches
-        and stored. Duplicates in one request are encoded once."""
+    def cached(self, passages: Sequence[Sequence[int]]) -> list[LayerKV | None]:
+        """Stored KV of each passage, None where it is not cached."""
+        out: list[LayerKV | None] = []
+        for tokens in passages:
+            entry = self.store.get(self.key(tokens), tuple(tokens))
+            out.append(None if entry is None else entry.kv)
+        return out
+
+    def fetch(
+        self, passages: Sequence[Sequence[int]], known: Sequence[LayerKV | None] | None = None
+    ) -> PassageLookup:
+        """KV of every passage: cached ones from the store (or ``known``, a prior
+        ``cached()`` answer), the rest encoded in batches and stored. Duplicates in one
+        request are encoded once."""
+        known = self.cached(passages) if known is None else known
         found: dict[bytes, LayerKV] = {}
         missing: dict[bytes, tuple[int, ...]] = {}
-        hits = 0
-        for tokens in passages:
+        for tokens, kv in zip(passages, known):
             key = self.key(tokens)
-            if key in found or key in missing:
-                continue
-            entry = self.store.get(key, tuple(tokens))
-            if entry is None:
+            if kv is not None:
+                found[key] = kv
+            elif key not in found:
                 missing[key] = tuple(tokens)
-            else:
-                found[key] = entry.kv
-                hits += 1
         start = time.perf_counter()
         for key, kv in zip(missing, self.encode(list(missing.values()))):
             found[key] = kv
             self.store.put(key, missing[key], kv)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
-        return PassageLookup([found[self.key(t)] for t in passages], hits, len(missing), encode_ms)
+        hits = sum(kv is not None for kv in known)
+        kvs = [found[self.key(t)] for t in passages]
+        return PassageLookup(kvs, hits, len(passages) - hits, encode_ms)
 
     def encode(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
         """Encode passages alone after the anchor; similar lengths share a padded batch."""

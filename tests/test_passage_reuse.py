@@ -58,8 +58,9 @@ def test_full_recompute_decodes_like_generate(tokenizer, sampling: dict) -> None
     """The repair pass picks the first token itself; it must pick what generate would."""
     engine = engine_with("llama", tokenizer, repair="deviation", recompute_ratio=1.0)
     prompt = passage(DOCS[0]) + passage(DOCS[1]) + QUESTION
+    assert engine.warm_passages(prompt).encoded == 2
     result = engine.generate(prompt, max_new_tokens=8, seed=3, **sampling)
-    assert result.passages_missed == 2 and result.timings.repair_ms > 0
+    assert result.passages_hit == 2 and result.timings.repair_ms > 0
     torch.manual_seed(3)
     ids = torch.tensor([engine.tokenize(prompt)])
     out = engine.model.generate(ids, max_new_tokens=8, do_sample=bool(sampling), **sampling)
@@ -98,9 +99,26 @@ def test_answers_stay_close_to_full_prefill(tokenizer) -> None:
     ours = torch.log_softmax(engine.first_token_logits(prompt), -1)
     ref = torch.log_softmax(full_logits(engine, engine.tokenize(prompt)), -1)
     none = engine_with("llama", tokenizer, repair="none")
+    none.warm_passages(prompt)
     worse = torch.log_softmax(none.first_token_logits(prompt), -1)
     kl = lambda p, q: float((p.exp() * (p - q)).sum())  # noqa: E731
     assert kl(ref, ours) < kl(ref, worse)
+
+
+def test_mostly_cold_prompt_is_prefilled_plainly_and_warms_its_passages(tokenizer) -> None:
+    engine = engine_with("llama", tokenizer, fidelity="balanced")
+    prompt = "".join(passage(d) for d in DOCS) + QUESTION
+    cold = engine.generate(prompt, max_new_tokens=4)
+    assert (cold.passages_hit, cold.passages_missed, cold.reused_tokens) == (0, 3, 0)
+    assert cold.timings.repair_ms == 0 and cold.timings.store_ms > 0
+    ids = torch.tensor([engine.tokenize(prompt)])
+    expected = engine.model.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1] :]
+    assert cold.token_ids == expected.tolist()  # exact: a plain prefill
+    reordered = "".join(passage(d) for d in DOCS[::-1]) + QUESTION
+    warm = engine.generate(reordered, max_new_tokens=4)
+    assert (warm.passages_hit, warm.passages_missed) == (3, 0) and warm.reused_tokens > 0
+    again = engine.generate(prompt, max_new_tokens=4)  # the cold prompt was exact: a prefix now
+    assert again.passages_hit == 0 and again.reused_tokens == len(ids[0]) - 1
 
 
 def test_exact_fidelity_never_reuses_passages(tokenizer) -> None:
