@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal, TypeVar
 
 from kvboost_rag.core.repair import STRATEGIES, RepairSettings
@@ -46,6 +47,10 @@ class KVBoostConfig:
     passage_anchor: bool = True
     # Padded tokens per passage-encoding batch (bounds peak memory while warming).
     encode_batch_tokens: int = 8192
+    # Folder of the persistent disk tier (shared by processes); None keeps KV in memory only.
+    cache_dir: str | Path | None = None
+    # Byte budget of the disk tier; least recently used files go first.
+    max_disk_bytes: int = 20 * 1024**3
 
     def __post_init__(self) -> None:
         if self.fidelity not in FIDELITY_LEVELS:
@@ -60,6 +65,8 @@ class KVBoostConfig:
             raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio}")
         if self.edge_tokens is not None and self.edge_tokens < 0:
             raise ValueError(f"edge_tokens must be >= 0, got {self.edge_tokens}")
+        if self.max_disk_bytes < 0:
+            raise ValueError(f"max_disk_bytes must be >= 0, got {self.max_disk_bytes}")
         if self.probe_layers is not None and self.probe_layers < 1:
             raise ValueError(f"probe_layers must be >= 1, got {self.probe_layers}")
         for name in ("max_passage_tokens", "encode_batch_tokens"):

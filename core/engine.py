@@ -13,8 +13,9 @@ from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.context import Context, ContextBuilder
 from kvboost_rag.core.decoding import decode, eos_ids, model_lock
+from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.fingerprint import model_fingerprint
-from kvboost_rag.core.kv import concat_kv, to_cache
+from kvboost_rag.core.kv import concat_kv, kv_nbytes, to_cache
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
 from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.prefix import PrefixCache
@@ -28,8 +29,8 @@ from kvboost_rag.core.result import (
 )
 from kvboost_rag.core.rope import rotary_embedding
 from kvboost_rag.core.sampling import SamplingOptions
-from kvboost_rag.core.store import MemoryStore
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
+from kvboost_rag.core.tiers import TieredStore
 
 
 class KVBoost:
@@ -49,7 +50,12 @@ class KVBoost:
         self._prompts = PromptEncoder(
             tokenizer, self.context_window, self.config.max_passage_tokens
         )
-        self._store = MemoryStore(self.config.max_cache_bytes)
+        disk = (
+            DiskStore(self.config.cache_dir, self.fingerprint, self.config.max_disk_bytes)
+            if self.config.cache_dir is not None
+            else None
+        )
+        self._store = TieredStore(self.config.max_cache_bytes, disk)
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
         self._passages = self._passage_cache()
         repair = self.config.repair_settings() if self._passages is not None else None
@@ -142,21 +148,28 @@ class KVBoost:
                 stored = 0
         return WarmResult(len(tokens), match.length, stored)
 
-    def warm_passages(self, texts: Sequence[str] | str) -> PassageWarmResult:
-        """Encode and cache passages so later prompts that contain them reuse their KV.
+    def warm_passages(
+        self, texts: Sequence[str] | str, *, batch_size: int | None = None
+    ) -> PassageWarmResult:
+        """Encode and cache passages so later prompts that contain them reuse their KV
+        (written through to ``cache_dir`` when set).
 
         A list of texts is laid out as ``format_passages`` / ``passages=`` lay it out; a
         single string is a prompt whose ``passage()``-marked passages are warmed as marked.
+        ``batch_size`` caps the passages per forward pass (default: by padded tokens).
         """
         if self._passages is None:
             raise ValueError('passage reuse is off (fidelity="exact" or a model without RoPE)')
-        prompt = (
-            self._prompts.text(texts) if isinstance(texts, str) else self._prompts.text("", texts)
-        )
-        spans = [prompt.tokens[s:e] for s, e in prompt.passages]
+        pieces = self._prompts.passages(texts)
         with self._lock, torch.inference_mode():
-            found = self._passages.fetch(spans)
-        return PassageWarmResult(len(spans), sum(map(len, spans)), found.hits, found.misses)
+            found = self._passages.fetch(pieces, batch_size=batch_size)
+        return PassageWarmResult(
+            len(pieces),
+            sum(map(len, pieces)),
+            found.hits,
+            found.misses,
+            sum(kv_nbytes(kv) for kv in found.kv),
+        )
 
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
@@ -188,8 +201,9 @@ class KVBoost:
 
     def stats(self) -> EngineStats:
         with self._lock:
+            tiers = self._store.stats()
             return EngineStats(
-                self._store.stats(), self._requests, self._prompt_tokens, self._reused_tokens
+                tiers.memory, tiers.disk, self._requests, self._prompt_tokens, self._reused_tokens
             )
 
     def clear_cache(self) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from kvboost_rag.core.keys import digest, token_bytes
 from kvboost_rag.core.kv import LayerKV
-from kvboost_rag.core.store import MemoryStore
+from kvboost_rag.core.tiers import TieredStore
 
 
 class PassageLookup(NamedTuple):
@@ -29,7 +29,7 @@ class PassageLookup(NamedTuple):
 class PassageCache:
     def __init__(
         self,
-        store: MemoryStore,
+        store: TieredStore,
         model: Any,
         fingerprint: bytes,
         anchor: list[int],
@@ -58,7 +58,10 @@ class PassageCache:
         return out
 
     def fetch(
-        self, passages: Sequence[Sequence[int]], known: Sequence[LayerKV | None] | None = None
+        self,
+        passages: Sequence[Sequence[int]],
+        known: Sequence[LayerKV | None] | None = None,
+        batch_size: int | None = None,
     ) -> PassageLookup:
         """KV of every passage: cached ones from the store (or ``known``, a prior
         ``cached()`` answer), the rest encoded in batches and stored. Duplicates in one
@@ -73,19 +76,22 @@ class PassageCache:
             elif key not in found:
                 missing[key] = tuple(tokens)
         start = time.perf_counter()
-        for key, kv in zip(missing, self.encode(list(missing.values()))):
+        for key, kv in zip(missing, self.encode(list(missing.values()), batch_size)):
             found[key] = kv
-            self.store.put(key, missing[key], kv)
+            self.store.put(key, missing[key], kv, persist=True)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
         hits = sum(kv is not None for kv in known)
         kvs = [found[self.key(t)] for t in passages]
         return PassageLookup(kvs, hits, len(passages) - hits, encode_ms)
 
-    def encode(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
-        """Encode passages alone after the anchor; similar lengths share a padded batch."""
+    def encode(
+        self, passages: Sequence[Sequence[int]], batch_size: int | None = None
+    ) -> list[LayerKV]:
+        """Encode passages alone after the anchor; similar lengths share a padded batch of
+        at most ``batch_tokens`` padded tokens and ``batch_size`` rows."""
         order = sorted(range(len(passages)), key=lambda i: len(passages[i]))
         out: list[LayerKV | None] = [None] * len(passages)
-        for batch in _batches(order, passages, self.batch_tokens):
+        for batch in _batches(order, passages, self.batch_tokens, batch_size):
             for i, kv in zip(batch, self._encode_batch([passages[i] for i in batch])):
                 out[i] = kv
         return [kv for kv in out if kv is not None]
@@ -120,13 +126,17 @@ class PassageCache:
         ]
 
 
-def _batches(order: list[int], passages: Sequence[Sequence[int]], budget: int) -> list[list[int]]:
-    """Consecutive runs of ``order`` whose padded size (rows x longest) fits ``budget``."""
+def _batches(
+    order: list[int], passages: Sequence[Sequence[int]], budget: int, rows: int | None
+) -> list[list[int]]:
+    """Consecutive runs of ``order`` whose padded size (rows x longest) fits ``budget``
+    and, when given, whose row count fits ``rows``."""
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
         longest = len(passages[i])  # order is ascending, so the newest is the longest
-        if current and (len(current) + 1) * longest > budget:
+        full = rows is not None and len(current) >= rows
+        if current and (full or (len(current) + 1) * longest > budget):
             batches.append(current)
             current = []
         current.append(i)

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from kvboost_rag.core.keys import digest, prefix_block_keys
 from kvboost_rag.core.kv import LayerKV, slice_cache
-from kvboost_rag.core.store import MemoryStore
+from kvboost_rag.core.tiers import TieredStore
 
 
 class PrefixMatch(NamedTuple):
@@ -25,7 +25,7 @@ class PrefixMatch(NamedTuple):
 
 
 class PrefixCache:
-    def __init__(self, store: MemoryStore, fingerprint: bytes, block_tokens: int) -> None:
+    def __init__(self, store: TieredStore, fingerprint: bytes, block_tokens: int) -> None:
         self.store = store
         self.block_tokens = block_tokens
         self._root = digest(b"prefix-root", fingerprint, str(block_tokens).encode())

@@ -36,6 +36,18 @@ class PromptEncoder:
             raise EmptyPromptError("prompt is empty: pass the text to complete")
         return self._checked(format_passages(passages or []) + prompt, self.special_prefix)
 
+    def passages(self, texts: Sequence[str] | str) -> list[list[int]]:
+        """Token ids of each passage (piece) to warm: a list of texts laid out as
+        ``format_passages`` lays them out, or the marked passages of one prompt string."""
+        marked = texts if isinstance(texts, str) else format_passages(texts)
+        segments = [s for s in parse_segments(marked) if s.kind == "passage"]
+        prompt = tokenize_segments(segments, self.tokenizer, [], self.max_passage_tokens)
+        pieces = [prompt.tokens[s:e] for s, e in prompt.passages]
+        for piece in pieces:
+            if len(piece) >= self.context_window:
+                raise ContextWindowError(len(piece), self.context_window, what="a passage")
+        return pieces
+
     def chat(self, messages: Sequence[Message]) -> TokenizedPrompt:
         """Messages through the tokenizer's chat template (markers survive it)."""
         if not messages:

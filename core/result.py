@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from kvboost_rag.core.disk import DiskStats
 from kvboost_rag.core.store import StoreStats
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -68,11 +69,13 @@ class PassageWarmResult:
     tokens: int  # their tokens
     cached: int  # pieces already cached before this call
     encoded: int  # pieces encoded and stored by this call
+    bytes: int  # KV bytes of all the pieces
 
 
 @dataclass(frozen=True)
 class EngineStats:
-    cache: StoreStats  # the KV store: size, entries, hits, misses, evictions
+    cache: StoreStats  # the memory tier: size, entries, hits, misses, evictions
+    disk: DiskStats | None  # the disk tier (None without cache_dir)
     requests: int  # completed generate/chat/stream calls
     prompt_tokens: int  # summed over requests
     reused_tokens: int  # prompt tokens served from cache, summed over requests

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvboost_rag.core.kv import LayerKV, kv_nbytes
@@ -32,8 +33,11 @@ class StoreStats:
 class MemoryStore:
     """LRU map from key to ``Entry``. Thread-safe: every method takes the store's lock."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(
+        self, max_bytes: int, on_evict: Callable[[bytes, Entry], None] | None = None
+    ) -> None:
         self.max_bytes = max_bytes
+        self._on_evict = on_evict  # called (under the lock) with each evicted entry
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -70,9 +74,11 @@ class MemoryStore:
             self._entries[key] = entry
             self._bytes += entry.nbytes
             while self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                old_key, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
                 self._evictions += 1
+                if self._on_evict is not None:
+                    self._on_evict(old_key, evicted)
             return True
 
     def clear(self) -> None:

@@ -18,6 +18,7 @@ from kvboost_rag.core.result import (
     WarmResult,
 )
 from kvboost_rag.core.streaming import GenerationStream
+from kvboost_rag.warm import WarmReport, warm_corpus
 
 __all__ = [
     "ContextWindowError",
@@ -32,8 +33,10 @@ __all__ = [
     "PassageWarmResult",
     "Timings",
     "UnknownModelError",
+    "WarmReport",
     "WarmResult",
     "format_passages",
     "passage",
+    "warm_corpus",
 ]
 __version__ = "0.1.0"

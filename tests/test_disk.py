@@ -1,0 +1,150 @@
+"""The disk tier: persistence, corruption, foreign files, budgets, several processes."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_model
+from warm_worker import corpus
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.disk import DiskStore
+from kvboost_rag.core.keys import digest
+
+WORKER = Path(__file__).parent / "warm_worker.py"
+KEY = digest(b"k")
+
+
+def kv(dtype: torch.dtype = torch.bfloat16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [
+        (torch.randn(1, 2, 5, 4).to(dtype), torch.randn(1, 2, 5, 4).to(dtype)) for _ in range(3)
+    ]
+
+
+def test_roundtrip_preserves_dtype_and_values(tmp_path: Path) -> None:
+    store, data = DiskStore(tmp_path, b"model-a", 10**9), kv()
+    store.put(KEY, (1, 2, 3, 4, 5), data)
+    entry = store.get(KEY, (1, 2, 3, 4, 5))
+    assert entry is not None and entry.kv[0][0].dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(entry.kv, data))
+    assert store.get(KEY, (9, 9, 9, 9, 9)) is None  # token ids are compared on every hit
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_file_is_detected_removed_and_missed(tmp_path: Path, damage: str) -> None:
+    store = DiskStore(tmp_path, b"model-a", 10**9)
+    store.put(KEY, (1, 2, 3, 4, 5), kv())
+    path = store.path(KEY)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-3] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="removing damaged cache file"):
+        assert store.get(KEY, None) is None
+    assert not path.exists() and store.stats().corrupt == 1
+
+
+def test_foreign_model_file_is_never_served(tmp_path: Path) -> None:
+    other = DiskStore(tmp_path, b"model-b", 10**9)
+    other.put(KEY, (1, 2, 3, 4, 5), kv())
+    mine = DiskStore(tmp_path, b"model-a", 10**9)
+    assert mine.get(KEY, None) is None  # another folder
+    mine.path(KEY).parent.mkdir(parents=True, exist_ok=True)
+    mine.path(KEY).write_bytes(other.path(KEY).read_bytes())  # copied in by hand
+    with pytest.warns(UserWarning, match="fingerprint does not match"):
+        assert mine.get(KEY, None) is None
+
+
+def test_budget_removes_least_recently_used(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path, b"model-a", 10**9)
+    keys = [digest(bytes([i])) for i in range(3)]
+    for i, key in enumerate(keys):
+        store.put(key, (i,) * 5, kv())
+        time.sleep(0.01)
+    size = store.path(keys[0]).stat().st_size
+    store.get(keys[0], None)  # keys[0] is now the most recently used
+    store.max_bytes = 2 * size
+    store.put(digest(b"new"), (7,) * 5, kv())
+    assert keys[0] in store and keys[1] not in store
+    assert store.stats().bytes <= 2 * size
+
+
+def test_new_engine_serves_passages_from_disk(tmp_path: Path, tokenizer) -> None:
+    config = KVBoostConfig(block_tokens=8, cache_dir=tmp_path)
+    first = KVBoost(make_model("llama"), tokenizer, config)
+    docs = corpus(4)
+    assert first.warm_passages(docs).encoded == 4
+    second = KVBoost(make_model("llama"), tokenizer, config)  # a restart: empty memory
+    result = second.generate("Which code?", passages=docs[::-1], max_new_tokens=2)
+    assert (result.passages_hit, result.passages_missed) == (4, 0)
+    assert second.stats().disk.hits == 4
+    torch.testing.assert_close(
+        second.first_token_logits("Which code?", passages=docs),
+        first.first_token_logits("Which code?", passages=docs),
+        atol=1e-6,
+        rtol=0,
+    )
+
+
+def test_damaged_entry_is_recomputed_by_the_engine(tmp_path: Path, tokenizer) -> None:
+    config = KVBoostConfig(block_tokens=8, cache_dir=tmp_path)
+    KVBoost(make_model("llama"), tokenizer, config).warm_passages(corpus(2))
+    for path in tmp_path.glob("*/*/*.safetensors"):
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+    engine = KVBoost(make_model("llama"), tokenizer, config)
+    with pytest.warns(UserWarning, match="removing damaged cache file"):
+        again = engine.warm_passages(corpus(2))
+    assert (again.cached, again.encoded) == (0, 2)
+    assert KVBoost(make_model("llama"), tokenizer, config).warm_passages(corpus(2)).cached == 2
+
+
+def _valid_entries(root: Path) -> int:
+    store = DiskStore(root, bytes.fromhex(next(root.iterdir()).name), 10**12)
+    files = list(root.glob("*/*/*.safetensors"))
+    for path in files:
+        entry = store.get(bytes.fromhex(path.stem), None)
+        assert entry is not None, f"{path} is not a valid entry"
+    return len(files)
+
+
+def test_kill_during_warming_leaves_nothing_corrupt(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path), "3000"])
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob("*/*/*.safetensors"))) < 20 and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode != 0  # it was killed mid-way, not finished
+    written = _valid_entries(tmp_path)
+    assert 0 < written < 3000
+    done = subprocess.run(
+        [sys.executable, str(WORKER), str(tmp_path), "60"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split()[0] == "60"
+    assert "damaged" not in done.stderr
+
+
+def test_two_processes_warming_one_folder_both_succeed(tmp_path: Path) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(tmp_path), "80"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert all("damaged" not in err for _, err in outputs)
+    assert _valid_entries(tmp_path) == 80

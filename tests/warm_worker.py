@@ -1,0 +1,21 @@
+"""Run as a separate process by test_disk.py: warm passages into a shared cache_dir."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest import make_model, make_tokenizer  # noqa: E402
+
+from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus  # noqa: E402
+
+
+def corpus(count: int) -> list[str]:
+    return [f"Passage number {i} says the code is {i * 7919 % 10000}." for i in range(count)]
+
+
+if __name__ == "__main__":
+    cache_dir, count = sys.argv[1], int(sys.argv[2])
+    engine = KVBoost(make_model("llama"), make_tokenizer(), KVBoostConfig(cache_dir=cache_dir))
+    report = warm_corpus(engine, corpus(count), batch_size=1, progress=False)
+    print(report.passages, report.new, report.cached)
