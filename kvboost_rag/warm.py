@@ -56,7 +56,9 @@ def warm_corpus(
                 totals[i] += value
             bar.update(len(chunk))
     seconds = time.perf_counter() - start
-    return WarmReport(len(texts), *totals, seconds, totals[1] / seconds if seconds else 0.0)
+    passages, tokens, cached, new, size = totals
+    rate = tokens / seconds if seconds else 0.0
+    return WarmReport(len(texts), passages, tokens, cached, new, size, seconds, rate)
 
 
 def _engine(target: Any) -> KVBoost:
