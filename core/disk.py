@@ -10,9 +10,9 @@ warning and reported as a miss, so the caller recomputes it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from kvboost_rag.core.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.store import Entry
 
-FORMAT = "kvboost-kv-1"
+FORMAT = "kvboost-kv-2"
 _STALE_TEMP_SECONDS = 600  # temp files older than this were left by a killed writer
 
 
@@ -51,6 +52,9 @@ class DiskStore:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._hits = self._misses = self._corrupt = 0
+        self._queue: queue.Queue[tuple[bytes, tuple[int, ...], LayerKV]] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._failure: OSError | None = None
         self._remove_stale_temps()
 
     def path(self, key: bytes) -> Path:
@@ -71,6 +75,31 @@ class DiskStore:
             return self._count(None)
         _touch(path)
         return self._count(entry)
+
+    def put_later(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
+        """Queue a write for the background writer (warming overlaps compute and I/O);
+        ``flush()`` waits for queued writes. A queued key reads as absent until written."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_queued, daemon=True)
+                self._writer.start()
+        self._queue.put((key, tokens, kv))
+
+    def flush(self) -> None:
+        self._queue.join()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def _write_queued(self) -> None:
+        while True:
+            key, tokens, kv = self._queue.get()
+            try:
+                self.put(key, tokens, kv)
+            except OSError as error:  # raised to the caller by flush()
+                self._failure = error
+            finally:
+                self._queue.task_done()
 
     def put(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
         path = self.path(key)
@@ -146,12 +175,14 @@ class DiskStore:
 
 
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.blake2b(digest_size=16)
+    # xxh3 hashes the tensors' memory in place at memory speed: a serving process checks
+    # every file it reads, so a slower hash would show up in TTFT.
+    h = xxhash.xxh3_128()
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         h.update(name.encode())
         h.update(str(t.dtype).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 

@@ -9,7 +9,7 @@ therefore ``len(anchor)``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -76,9 +76,11 @@ class PassageCache:
             elif key not in found:
                 missing[key] = tuple(tokens)
         start = time.perf_counter()
-        for key, kv in zip(missing, self.encode(list(missing.values()), batch_size)):
-            found[key] = kv
-            self.store.put(key, missing[key], kv, persist=True)
+        keys = list(missing)
+        # Store each batch as it is encoded: its disk writes overlap the next batch.
+        for i, kv in self.encode_batches(list(missing.values()), batch_size):
+            found[keys[i]] = kv
+            self.store.put(keys[i], missing[keys[i]], kv, persist=True)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
         hits = sum(kv is not None for kv in known)
         kvs = [found[self.key(t)] for t in passages]
@@ -89,30 +91,39 @@ class PassageCache:
     ) -> list[LayerKV]:
         """Encode passages alone after the anchor; similar lengths share a padded batch of
         at most ``batch_tokens`` padded tokens and ``batch_size`` rows."""
-        order = sorted(range(len(passages)), key=lambda i: len(passages[i]))
-        out: list[LayerKV | None] = [None] * len(passages)
-        for batch in _batches(order, passages, self.batch_tokens, batch_size):
-            for i, kv in zip(batch, self._encode_batch([passages[i] for i in batch])):
-                out[i] = kv
-        return [kv for kv in out if kv is not None]
+        out = dict(self.encode_batches(passages, batch_size))
+        return [out[i] for i in range(len(passages))]
 
-    def _encode_batch(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
+    def encode_batches(
+        self, passages: Sequence[Sequence[int]], batch_size: int | None = None
+    ) -> Iterator[tuple[int, LayerKV]]:
+        """``(index, kv)`` of each passage, batch by batch as they are encoded."""
+        for batch in self.batches(passages, batch_size):
+            yield from zip(batch, self._encode_batch([passages[i] for i in batch]))
+
+    def batches(
+        self, passages: Sequence[Sequence[int]], batch_size: int | None = None
+    ) -> list[list[int]]:
+        """How ``encode`` groups passages: indices of each padded batch."""
+        order = sorted(range(len(passages)), key=lambda i: len(passages[i]))
+        return _batches(order, passages, self.batch_tokens, batch_size)
+
+    def padded(self, passages: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input ids and attention mask of one batch: anchor + passage, right-padded.
+        Real tokens never attend to the pads that follow them, and their positions are
+        0..n-1 as in a single-passage encode."""
         a = len(self.anchor)
-        width = a + max(len(p) for p in passages)
-        ids = torch.zeros((len(passages), width), dtype=torch.long)
+        ids = torch.zeros((len(passages), a + max(len(p) for p in passages)), dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, tokens in enumerate(passages):
             ids[row, : a + len(tokens)] = torch.tensor([*self.anchor, *tokens])
             mask[row, : a + len(tokens)] = 1
-        device = self.model.device
-        # Right padding: real tokens never attend to the pads that follow them, and their
-        # positions are 0..n-1 as in a single-passage encode.
-        out = self.model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        return ids.to(self.model.device), mask.to(self.model.device)
+
+    def _encode_batch(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
+        a = len(self.anchor)
+        ids, mask = self.padded(passages)
+        out = self.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
         layers = out.past_key_values.layers
         return [
             [

@@ -38,8 +38,13 @@ class TieredStore:
     def put(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, persist: bool = False) -> bool:
         """Store in memory; with ``persist`` also on disk now (not only when evicted)."""
         if persist and self.disk is not None and key not in self.disk:
-            self.disk.put(key, tokens, kv)
+            self.disk.put_later(key, tokens, kv)
         return self.memory.put(key, tokens, kv)
+
+    def flush(self) -> None:
+        """Wait until queued disk writes are on disk."""
+        if self.disk is not None:
+            self.disk.flush()
 
     def clear(self) -> None:
         """Empty the memory tier; the disk tier is persistent by design."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvboost_rag.bench import chat as chat_bench
 from kvboost_rag.bench import rag as rag_bench
+from kvboost_rag.bench import warm as warm_bench
 
 
 def _line(result: Any, base: Any) -> str:
@@ -66,9 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.set_defaults(func=demo)
     b = sub.add_parser("bench", help="benchmarks; arguments after the workload go to it")
-    b.add_argument("workload", choices=["chat", "rag"])
+    b.add_argument("workload", choices=["chat", "rag", "warm"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(func=lambda a: {"chat": chat_bench, "rag": rag_bench}[a.workload].main(a.rest))
+    b.set_defaults(
+        func=lambda a: {"chat": chat_bench, "rag": rag_bench, "warm": warm_bench}[a.workload].main(
+            a.rest
+        )
+    )
     args = parser.parse_args(argv)
     args.func(args)
 

@@ -55,12 +55,16 @@ class FactPassage:
     answer: str
 
 
-def passages(tokenizer: Any, max_tokens: int, count: int, skip: int = 0) -> list[str]:
-    """``count`` essay pieces of at most ~``max_tokens`` tokens (the first ``skip`` dropped)."""
+def passages(
+    tokenizer: Any, max_tokens: int, count: int, skip: int = 0, min_tokens: int | None = None
+) -> list[str]:
+    """``count`` essay pieces of at most ~``max_tokens`` tokens (the first ``skip`` dropped),
+    each at least ``min_tokens`` long (default half of ``max_tokens``)."""
+    floor = max_tokens // 2 if min_tokens is None else min_tokens
     pieces: list[str] = []
     for essay in essay_texts():
         for piece in split_passage(" ".join(essay.split()), tokenizer, max_tokens):
-            if len(tokenizer(piece)["input_ids"]) >= max_tokens // 2:
+            if len(tokenizer(piece)["input_ids"]) >= floor:
                 pieces.append(piece.strip())
     return pieces[skip : skip + count]
 
