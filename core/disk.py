@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import xxhash
 from safetensors import SafetensorError
-from safetensors.torch import load, save
+from safetensors.torch import load, save_file
 
 from kvboost_rag.core.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.store import Entry
@@ -55,6 +55,7 @@ class DiskStore:
         self._queue: queue.Queue[tuple[bytes, tuple[int, ...], LayerKV]] = queue.Queue()
         self._writer: threading.Thread | None = None
         self._failure: OSError | None = None
+        self._pending: set[bytes] = set()  # queued, not yet written
         self._remove_stale_temps()
 
     def path(self, key: bytes) -> Path:
@@ -62,6 +63,9 @@ class DiskStore:
         return self.dir / name[:2] / f"{name}.safetensors"
 
     def __contains__(self, key: bytes) -> bool:
+        with self._lock:
+            if key in self._pending:
+                return True
         return self.path(key).exists()
 
     def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
@@ -80,6 +84,7 @@ class DiskStore:
         """Queue a write for the background writer (warming overlaps compute and I/O);
         ``flush()`` waits for queued writes. A queued key reads as absent until written."""
         with self._lock:
+            self._pending.add(key)
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_queued, daemon=True)
                 self._writer.start()
@@ -99,6 +104,8 @@ class DiskStore:
             except OSError as error:  # raised to the caller by flush()
                 self._failure = error
             finally:
+                with self._lock:
+                    self._pending.discard(key)
                 self._queue.task_done()
 
     def put(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
@@ -114,7 +121,7 @@ class DiskStore:
             "layers": str(len(kv)),
             "checksum": _checksum(tensors),
         }
-        _atomic_write(path, save(tensors, metadata=meta))
+        _atomic_write(path, tensors, meta)
         self._enforce_budget()
 
     def stats(self) -> DiskStats:
@@ -193,13 +200,16 @@ def _metadata(data: bytes) -> dict[str, str]:
     return json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        os.close(fd)
+        save_file(tensors, tmp, metadata=meta)  # streams to the file, no bytes copy
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
