@@ -149,7 +149,11 @@ class KVBoost:
         return WarmResult(len(tokens), match.length, stored)
 
     def warm_passages(
-        self, texts: Sequence[str] | str, *, batch_size: int | None = None, wait: bool = True
+        self,
+        texts: Sequence[str] | str,
+        *,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> PassageWarmResult:
         """Encode and cache passages so later prompts that contain them reuse their KV
         (written through to ``cache_dir`` when set).
@@ -157,15 +161,15 @@ class KVBoost:
         A list of texts is laid out as ``format_passages`` / ``passages=`` lay it out; a
         single string is a prompt whose ``passage()``-marked passages are warmed as marked.
         ``batch_size`` caps the passages per forward pass (default: by padded tokens).
-        ``wait=False`` returns before queued disk writes finish (see ``flush``).
+        ``progress`` is called with the number of pieces done as batches finish. Returns
+        once the KV is on disk too.
         """
         if self._passages is None:
             raise ValueError('passage reuse is off (fidelity="exact" or a model without RoPE)')
         pieces = self._prompts.passages(texts)
         with self._lock, torch.inference_mode():
-            found = self._passages.fetch(pieces, batch_size=batch_size)
-            if wait:
-                self._store.flush()  # warmed means on disk, for every process
+            found = self._passages.fetch(pieces, batch_size=batch_size, progress=progress)
+            self._store.flush()  # warmed means on disk, for every process
         return PassageWarmResult(
             len(pieces),
             sum(map(len, pieces)),
@@ -173,11 +177,6 @@ class KVBoost:
             found.misses,
             sum(kv_nbytes(kv) for kv in found.kv),
         )
-
-    def flush(self) -> None:
-        """Wait until every queued write to ``cache_dir`` is on disk; raises the ``OSError``
-        of a write that failed."""
-        self._store.flush()
 
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None

@@ -9,7 +9,7 @@ therefore ``len(anchor)``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -62,6 +62,7 @@ class PassageCache:
         passages: Sequence[Sequence[int]],
         known: Sequence[LayerKV | None] | None = None,
         batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> PassageLookup:
         """KV of every passage: cached ones from the store (or ``known``, a prior
         ``cached()`` answer), the rest encoded in batches and stored. Duplicates in one
@@ -81,6 +82,8 @@ class PassageCache:
         for i, kv in self.encode_batches(list(missing.values()), batch_size):
             found[keys[i]] = kv
             self.store.put(keys[i], missing[keys[i]], kv, persist=True)
+            if progress is not None:
+                progress(1)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
         hits = sum(kv is not None for kv in known)
         kvs = [found[self.key(t)] for t in passages]

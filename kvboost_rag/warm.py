@@ -11,10 +11,6 @@ from tqdm.auto import tqdm
 
 from kvboost_rag.core.engine import KVBoost
 
-# Documents per warm_passages call: progress updates this often; encoding batches form
-# inside each call (by padded tokens, or batch_size rows).
-_DOCS_PER_STEP = 128
-
 
 @dataclass(frozen=True)
 class WarmReport:
@@ -47,19 +43,12 @@ def warm_corpus(
     engine = _engine(target)
     texts = [_text(doc, i) for i, doc in enumerate(documents)]
     start = time.perf_counter()
-    totals = [0, 0, 0, 0, 0]  # passages, tokens, cached, new, bytes
-    with tqdm(total=len(texts), unit="doc", disable=not progress, desc="warming") as bar:
-        for step in range(0, len(texts), _DOCS_PER_STEP):
-            chunk = texts[step : step + _DOCS_PER_STEP]
-            r = engine.warm_passages(chunk, batch_size=batch_size, wait=False)
-            for i, value in enumerate((r.passages, r.tokens, r.cached, r.encoded, r.bytes)):
-                totals[i] += value
-            bar.update(len(chunk))
-        engine.flush()  # the report's time includes writing everything to disk
+    # One call over the whole corpus, so encoding batches group similar lengths globally.
+    with tqdm(unit="passage", disable=not progress, desc="encoding") as bar:
+        r = engine.warm_passages(texts, batch_size=batch_size, progress=bar.update)
     seconds = time.perf_counter() - start
-    passages, tokens, cached, new, size = totals
-    rate = tokens / seconds if seconds else 0.0
-    return WarmReport(len(texts), passages, tokens, cached, new, size, seconds, rate)
+    rate = r.tokens / seconds if seconds else 0.0
+    return WarmReport(len(texts), r.passages, r.tokens, r.cached, r.encoded, r.bytes, seconds, rate)
 
 
 def _engine(target: Any) -> KVBoost:
