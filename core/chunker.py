@@ -113,14 +113,17 @@ def tokenize_segments(
     tokens = list(prefix)
     spans: list[tuple[int, int]] = []
     for segment in segments:
-        pieces = (
-            split_passage(segment.text, tokenizer, max_passage_tokens)
-            if segment.kind == "passage"
-            else [segment.text]
-        )
-        for piece in pieces:
-            ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+        for ids in _piece_ids(segment, tokenizer, max_passage_tokens):
             if segment.kind == "passage" and ids:
                 spans.append((len(tokens), len(tokens) + len(ids)))
             tokens.extend(ids)
     return TokenizedPrompt(tokens, spans)
+
+
+def _piece_ids(segment: Segment, tokenizer: Any, max_passage_tokens: int) -> list[list[int]]:
+    """Token ids of a segment's pieces; tokenized once unless a passage needs splitting."""
+    ids = list(tokenizer(segment.text, add_special_tokens=False)["input_ids"])
+    if segment.kind == "text" or len(ids) <= max_passage_tokens:
+        return [ids]
+    pieces = split_passage(segment.text, tokenizer, max_passage_tokens)
+    return [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pieces]

@@ -5,10 +5,12 @@ Timed the same way as the engine: from the call (tokenization included) to the f
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,3 +53,12 @@ def full_prefill(model: Any, tokenize: Callable[[], list[int]], max_new_tokens: 
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def write_report(out: Path, name: str, report: dict[str, Any]) -> Path:
+    """Write a benchmark's JSON under ``out`` and say where."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+    return path

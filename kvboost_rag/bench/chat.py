@@ -10,7 +10,6 @@ both see the same machine state. Medians over repeats are reported.
 from __future__ import annotations
 
 import argparse
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
-from kvboost_rag.bench.baseline import full_prefill, median
+from kvboost_rag.bench.baseline import full_prefill, median, write_report
 
 SYSTEM = (
     "You are a helpful assistant for a small bakery. The bakery opens at 7 am and closes at "
@@ -122,8 +121,6 @@ def main(argv: list[str] | None = None) -> None:
         f"decode tokens/s: engine {decode['engine_tok_s']:.1f} vs generate "
         f"{decode['generate_tok_s']:.1f} ({decode['ratio']:.3f}x)"
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"chat-{dtype}.json"
     report = {
         "model": args.model,
         "dtype": dtype,
@@ -132,8 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         "turns": rows,
         "decode": decode,
     }
-    path.write_text(json.dumps(report, indent=2))
-    print(f"wrote {path}")
+    write_report(args.out, f"chat-{dtype}.json", report)
 
 
 if __name__ == "__main__":

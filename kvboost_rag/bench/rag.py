@@ -12,7 +12,6 @@ follows. Every system answers the same token sequence, interleaved query by quer
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages
-from kvboost_rag.bench.baseline import full_prefill, median
+from kvboost_rag.bench.baseline import full_prefill, median, write_report
 from kvboost_rag.bench.corpus import FactPassage, fact_passages, passages
 
 SYSTEM_PROMPT = "Answer the question using the documents. Reply with the code only."
@@ -239,10 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         f"engine {c['engine_ms']:.1f} ms "
         f"vs full prefill {c['full_prefill_ms']:.1f} ms = {c['ratio']:.2f}x"
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"rag-{args.systems}-{dtype}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(f"wrote {path}")
+    write_report(args.out, f"rag-{args.systems}-{dtype}.json", report)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.bench import rag
-from kvboost_rag.bench.baseline import full_prefill, median
+from kvboost_rag.bench.baseline import full_prefill, median, write_report
 from kvboost_rag.bench.corpus import FactPassage, passages
 
 UNIT_TOKENS = 140
@@ -142,10 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         "disk_files": disk.entries,
         "serve": served,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"warm-{result['dtype']}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    write_report(args.out, f"warm-{result['dtype']}.json", result)
 
 
 if __name__ == "__main__":
