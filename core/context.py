@@ -10,11 +10,11 @@ import torch
 from transformers import DynamicCache
 
 from kvboost_rag.core.chunker import TokenizedPrompt
-from kvboost_rag.core.kv import LayerKV, concat_kv, to_cache
+from kvboost_rag.core.kv import LayerKV, blocks_cache, concat_kv
 from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.repair import RepairPlan, RepairSettings, get_strategy, recompute
-from kvboost_rag.core.result import Timings
+from kvboost_rag.core.result import Timings, elapsed_ms
 from kvboost_rag.core.rope import rerotate, rotation
 
 # A prefill over a cached prefix cannot use the causal fast path of scaled_dot_product_
@@ -68,13 +68,14 @@ class ContextBuilder:
         exact = min(match.length, n)
         spans = [(max(s, exact), min(e, n)) for s, e in prompt.passages if min(e, n) > exact]
         if self.passages is None or not spans:
-            timings.lookup_ms += _ms(t)
+            timings.lookup_ms += elapsed_ms(t)
             return self._exact(match.blocks, exact, n)
-        passages = [tokens[s:e] for s, e in _full_spans(prompt, spans)]
+        full = _full_spans(prompt, spans)
+        passages = [tokens[s:e] for s, e in full]
         known = self.passages.cached(passages)
         missing = [p for p, kv in zip(passages, known) if kv is None]
         if sum(map(len, missing)) > COLD_SHARE * sum(map(len, passages)):
-            timings.lookup_ms += _ms(t)
+            timings.lookup_ms += elapsed_ms(t)
             context = self._exact(match.blocks, exact, n)
             return replace(
                 context,
@@ -84,10 +85,10 @@ class ContextBuilder:
             )
         found = self.passages.fetch(passages, known)
         timings.encode_ms += found.encode_ms
-        timings.lookup_ms += _ms(t) - found.encode_ms
+        timings.lookup_ms += elapsed_ms(t) - found.encode_ms
         t = time.perf_counter()
-        assembled = self._assemble(match.blocks, exact, n, prompt, spans, found.kv)
-        timings.assemble_ms += _ms(t)
+        assembled = self._assemble(match.blocks, exact, n, spans, full, found.kv)
+        timings.assemble_ms += elapsed_ms(t)
         t = time.perf_counter()
         plan = RepairPlan(tokens, n, exact, spans, assembled)
         assert self.repair is not None
@@ -95,24 +96,23 @@ class ContextBuilder:
         cached = {p for s, e in spans for p in range(s, e)}
         fresh = set(range(exact, n)) - cached
         cache, logits = recompute(self.model, plan, sorted(chosen | fresh))
-        timings.repair_ms += _ms(t)
+        timings.repair_ms += elapsed_ms(t)
         reused = exact + len(cached - chosen)
         return Context(cache, reused, spans[0][0], found.hits, found.misses, logits)
 
     def _exact(self, blocks: list[LayerKV], length: int, total: int) -> Context:
-        if not blocks or (total - length) * MASKED_PREFILL_COST >= total:
+        if (total - length) * MASKED_PREFILL_COST >= total:
             # Too little cached to pay for the masked attention a cached prefix forces.
-            return Context(to_cache([], self.model.config), 0, None, 0, 0)
-        kv = [(k[:, :, :length], v[:, :, :length]) for k, v in concat_kv(blocks)]
-        return Context(to_cache(kv, self.model.config), length, None, 0, 0)
+            blocks, length = [], 0
+        return Context(blocks_cache(blocks, self.model.config, length), length, None, 0, 0)
 
     def _assemble(
         self,
         blocks: list[LayerKV],
         exact: int,
         n: int,
-        prompt: TokenizedPrompt,
         spans: list[tuple[int, int]],
+        full: list[tuple[int, int]],
         passage_kv: list[LayerKV],
     ) -> LayerKV:
         """KV for [0, n): exact prefix, re-rotated passages, zeros where tokens are fresh."""
@@ -124,7 +124,7 @@ class ContextBuilder:
             for (k, v), (pk, pv) in zip(out, concat_kv(blocks)):
                 k[:, :, :exact], v[:, :, :exact] = pk[:, :, :exact], pv[:, :, :exact]
         assert self.passages is not None
-        for (start, end), (full_start, _), kv in zip(spans, _full_spans(prompt, spans), passage_kv):
+        for (start, end), (full_start, _), kv in zip(spans, full, passage_kv):
             skip = start - full_start  # part of the passage already inside the exact prefix
             rot = rotation(full_start - self.passages.offset, self.rotary, template)
             for (k, v), (pk, pv) in zip(out, kv):
@@ -136,7 +136,3 @@ class ContextBuilder:
 def _full_spans(prompt: TokenizedPrompt, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The whole passage span each (possibly clipped) reused span belongs to."""
     return [next((s, e) for s, e in prompt.passages if s <= start < e) for start, _ in spans]
-
-
-def _ms(since: float) -> float:
-    return (time.perf_counter() - since) * 1e3

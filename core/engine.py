@@ -15,7 +15,7 @@ from kvboost_rag.core.context import Context, ContextBuilder
 from kvboost_rag.core.decoding import decode, eos_ids, model_lock
 from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.fingerprint import model_fingerprint
-from kvboost_rag.core.kv import concat_kv, kv_nbytes, to_cache
+from kvboost_rag.core.kv import blocks_cache, kv_nbytes
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
 from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.prefix import PrefixCache
@@ -26,6 +26,7 @@ from kvboost_rag.core.result import (
     PassageWarmResult,
     Timings,
     WarmResult,
+    elapsed_ms,
 )
 from kvboost_rag.core.rope import rotary_embedding
 from kvboost_rag.core.sampling import SamplingOptions
@@ -74,9 +75,11 @@ class KVBoost:
                 stacklevel=3,
             )
             return None
-        anchor = self._prompts.special_prefix if self.config.passage_anchor else []
-        if self.config.passage_anchor and not anchor:
-            anchor = anchor_tokens(self.tokenizer, anchor)
+        anchor = (
+            anchor_tokens(self.tokenizer, self._prompts.special_prefix)
+            if self.config.passage_anchor
+            else []
+        )
         return PassageCache(
             self._store, self.model, self.fingerprint, anchor, self.config.encode_batch_tokens
         )
@@ -136,11 +139,7 @@ class KVBoost:
         with self._lock, torch.inference_mode():
             match = self._prefix.match(tokens)
             if match.length < len(tokens):
-                cache = (
-                    to_cache(concat_kv(match.blocks), self.model.config)
-                    if match.blocks
-                    else (to_cache([], self.model.config))
-                )
+                cache = blocks_cache(match.blocks, self.model.config)
                 tail = torch.tensor([tokens[match.length :]], device=self.model.device)
                 self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
                 stored = self._prefix.insert(tokens, cache, len(tokens))
@@ -183,7 +182,7 @@ class KVBoost:
     ) -> torch.Tensor:
         """Next-token logits after ``prompt`` (text, or chat messages), computed on the same
         cached path as ``generate`` / ``chat``, for fidelity checks against a full prefill.
-        Stores no prefix."""
+        Stores no prefix; passages it encodes are cached, as in ``generate``."""
         tokenized = (
             self._prompts.text(prompt, passages)
             if isinstance(prompt, str)
@@ -238,7 +237,7 @@ class KVBoost:
         on_token: Callable[[int], None] | None,
         cancel: Cancelled,
     ) -> GenerationResult:
-        timings = Timings(tokenize_ms=_ms(start))
+        timings = Timings(tokenize_ms=elapsed_ms(start))
         tokens = prompt.tokens
         with self._lock, torch.inference_mode():
             context = self._context.build(prompt, timings)
@@ -257,8 +256,8 @@ class KVBoost:
             result.timings = timings
             t = time.perf_counter()
             self._remember(tokens, collector.token_ids, context)
-            timings.store_ms = _ms(t)
-            result.total_ms = _ms(start)
+            timings.store_ms = elapsed_ms(t)
+            result.total_ms = elapsed_ms(start)
             self._requests += 1
             self._prompt_tokens += len(tokens)
             self._reused_tokens += context.reused
@@ -301,8 +300,4 @@ class KVBoost:
         self._prefix.insert(stream, context.cache, upto)
         if context.deferred:
             assert self._passages is not None
-            self._passages.fetch(context.deferred)
-
-
-def _ms(since: float) -> float:
-    return (time.perf_counter() - since) * 1e3
+            self._passages.fetch(context.deferred, known=[None] * len(context.deferred))

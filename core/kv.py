@@ -18,10 +18,6 @@ def kv_nbytes(kv: LayerKV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
 
-def kv_length(kv: LayerKV) -> int:
-    return kv[0][0].shape[-2] if kv else 0
-
-
 def slice_cache(cache: DynamicCache, start: int, end: int) -> LayerKV:
     """Copy positions [start, end) out of a cache (a copy, so the cache can be freed)."""
     return [
@@ -39,6 +35,18 @@ def concat_kv(parts: Sequence[LayerKV]) -> LayerKV:
         (torch.cat([p[i][0] for p in parts], dim=-2), torch.cat([p[i][1] for p in parts], dim=-2))
         for i in range(len(parts[0]))
     ]
+
+
+def blocks_cache(
+    blocks: Sequence[LayerKV], config: PretrainedConfig, length: int | None = None
+) -> DynamicCache:
+    """A cache holding ``blocks`` in order (the first ``length`` positions of them)."""
+    if not blocks:
+        return to_cache([], config)
+    kv = concat_kv(blocks)
+    if length is not None:
+        kv = [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
+    return to_cache(kv, config)
 
 
 def to_cache(kv: LayerKV, config: PretrainedConfig) -> DynamicCache:

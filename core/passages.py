@@ -68,10 +68,10 @@ class PassageCache:
         ``cached()`` answer), the rest encoded in batches and stored. Duplicates in one
         request are encoded once."""
         known = self.cached(passages) if known is None else known
+        all_keys = [self.key(tokens) for tokens in passages]
         found: dict[bytes, LayerKV] = {}
         missing: dict[bytes, tuple[int, ...]] = {}
-        for tokens, kv in zip(passages, known):
-            key = self.key(tokens)
+        for tokens, key, kv in zip(passages, all_keys, known):
             if kv is not None:
                 found[key] = kv
             elif key not in found:
@@ -86,7 +86,7 @@ class PassageCache:
                 progress(1)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
         hits = sum(kv is not None for kv in known)
-        kvs = [found[self.key(t)] for t in passages]
+        kvs = [found[key] for key in all_keys]
         return PassageLookup(kvs, hits, len(passages) - hits, encode_ms)
 
     def encode(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -9,6 +10,11 @@ from kvboost_rag.core.disk import DiskStats
 from kvboost_rag.core.store import StoreStats
 
 FinishReason = Literal["stop", "length", "cancelled"]
+
+
+def elapsed_ms(since: float) -> float:
+    """Wall milliseconds since a ``time.perf_counter()`` reading."""
+    return (time.perf_counter() - since) * 1e3
 
 
 @dataclass
