@@ -41,7 +41,7 @@ def warm_corpus(
     written through to disk. Raises ``TypeError`` for an unknown target or document.
     """
     engine = _engine(target)
-    texts = [_text(doc, i) for i, doc in enumerate(documents)]
+    texts = [document_text(doc, i) for i, doc in enumerate(documents)]
     start = time.perf_counter()
     # One call over the whole corpus, so encoding batches group similar lengths globally.
     with tqdm(unit="passage", disable=not progress, desc="encoding") as bar:
@@ -61,7 +61,8 @@ def _engine(target: Any) -> KVBoost:
     return engine
 
 
-def _text(doc: Any, index: int) -> str:
+def document_text(doc: Any, index: int) -> str:
+    """The text of one document: a str, a LangChain Document or a LlamaIndex node."""
     if isinstance(doc, str):
         text = doc
     elif isinstance(getattr(doc, "page_content", None), str):
@@ -78,4 +79,4 @@ def _text(doc: Any, index: int) -> str:
     return text
 
 
-__all__: Sequence[str] = ["WarmReport", "warm_corpus"]
+__all__: Sequence[str] = ["WarmReport", "document_text", "warm_corpus"]

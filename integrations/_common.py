@@ -1,0 +1,129 @@
+"""What the LangChain and LlamaIndex adapters share: the engine they wrap, the options they
+forward, the statistics they report and the way they hand documents to the engine.
+
+Framework-free on purpose: each adapter imports its framework, this module imports neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from kvboost_rag.core.chunker import split_passage
+from kvboost_rag.core.config import FIDELITY_LEVELS, KVBoostConfig
+from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.core.prompts import PASSAGE_SEPARATOR, format_passages
+from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.warm import document_text
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def load_engine(
+    model_id: str = DEFAULT_MODEL,
+    *,
+    fidelity: str | None = None,
+    dtype: Any = None,
+    device: Any = None,
+    config: KVBoostConfig | None = None,
+    **model_kwargs: Any,
+) -> KVBoost:
+    """A new engine for ``model_id``; ``fidelity`` overrides the config's level."""
+    config = config or KVBoostConfig()
+    if fidelity is not None:
+        config = dataclasses.replace(config, fidelity=check_fidelity(fidelity))
+    return KVBoost.from_pretrained(
+        model_id, dtype=dtype, device=device, config=config, **model_kwargs
+    )
+
+
+def check_fidelity(fidelity: str) -> str:
+    if fidelity not in FIDELITY_LEVELS:
+        raise ValueError(f"fidelity must be one of {FIDELITY_LEVELS}, got {fidelity!r}")
+    return fidelity
+
+
+def check_engine_fidelity(engine: KVBoost, fidelity: str | None) -> None:
+    """A wrapped engine's fidelity is fixed when it is built: a different one asked of the
+    adapter would be ignored, so it is an error."""
+    if fidelity is not None and check_fidelity(fidelity) != engine.config.fidelity:
+        raise ValueError(
+            f"fidelity={fidelity!r} differs from the wrapped engine's "
+            f"{engine.config.fidelity!r}; build the engine with "
+            f"KVBoostConfig(fidelity={fidelity!r}) or leave fidelity unset"
+        )
+
+
+def engine_options(
+    *,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    seed: int | None,
+    stop: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The engine's keyword options from a framework's field names; None means default."""
+    options: dict[str, Any] = {
+        "max_new_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "stop": list(stop) if stop else None,
+    }
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def result_stats(result: GenerationResult) -> dict[str, Any]:
+    """How one answer was made, for ``response_metadata`` / ``additional_kwargs``."""
+    return {
+        "ttft_ms": round(result.ttft_ms, 3),
+        "total_ms": round(result.total_ms, 3),
+        "kv_reuse_ratio": round(result.kv_reuse_ratio, 4),
+        "prompt_tokens": result.prompt_tokens,
+        "reused_tokens": result.reused_tokens,
+        "recomputed_tokens": result.recomputed_tokens,
+        "completion_tokens": result.completion_tokens,
+        "passages_hit": result.passages_hit,
+        "passages_missed": result.passages_missed,
+        "finish_reason": result.finish_reason,
+        "timings": result.timings.as_dict(),
+    }
+
+
+def documents_as_passages(documents: Sequence[Any]) -> str:
+    """Documents (strings, LangChain Documents, LlamaIndex nodes) as marked passages, laid
+    out exactly as ``warm_corpus`` warms them, so a warmed corpus is reused as is."""
+    return format_passages([document_text(doc, i) for i, doc in enumerate(documents)])
+
+
+def split_into_units(text: str, tokenizer: Any, max_passage_tokens: int) -> list[str]:
+    """``text`` cut at sentence boundaries into pieces the engine caches whole: each piece,
+    with the separator ``format_passages`` adds, fits ``max_passage_tokens``."""
+    room = max_passage_tokens - len(
+        tokenizer(PASSAGE_SEPARATOR, add_special_tokens=False)["input_ids"]
+    )
+    return [piece for piece in split_passage(text, tokenizer, max(room, 1)) if piece.strip()]
+
+
+_END = object()
+
+
+async def aiter_thread(source: Iterator[Any], close: Any = None) -> AsyncIterator[Any]:
+    """Iterate a blocking iterator from async code: each ``next`` runs in a worker thread,
+    so the event loop keeps running while the model works. ``close`` (if given) runs when
+    the consumer stops early, cancelling the generation behind ``source``."""
+    finished = False
+    try:
+        while True:
+            item = await asyncio.to_thread(next, source, _END)
+            if item is _END:
+                finished = True
+                return
+            yield item
+    finally:
+        if not finished and close is not None:
+            await asyncio.to_thread(close)
