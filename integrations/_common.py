@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -19,6 +20,15 @@ from kvboost_rag.core.result import GenerationResult
 from kvboost_rag.warm import document_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def require(module: str, extra: str) -> None:
+    """Raise ``ImportError`` with the install hint when an optional framework is missing.
+    Each adapter package calls this before importing its framework."""
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(
+            f"{module} is not installed; install it with: pip install 'kvboost-rag[{extra}]'"
+        )
 
 
 def load_engine(
