@@ -46,6 +46,8 @@ class KVBoost:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or KVBoostConfig()
+        # What integrations report as the model's name; from_pretrained sets what was asked.
+        self.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.fingerprint = model_fingerprint(model, tokenizer)
         self.context_window = int(model.config.max_position_embeddings)
         self._prompts = PromptEncoder(
@@ -100,7 +102,9 @@ class KVBoost:
             dtype = getattr(torch, dtype)
         path = resolve_model_path(model)
         hf_model, tokenizer = load_model(path, dtype or default_dtype(dev), dev, **model_kwargs)
-        return cls(hf_model, tokenizer, config)
+        engine = cls(hf_model, tokenizer, config)
+        engine.name = model
+        return engine
 
     # -- public requests -------------------------------------------------------------
 

@@ -1,0 +1,148 @@
+"""The fields and request plumbing ``KVBoostLLM`` and ``ChatKVBoost`` share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.core.sampling import SamplingOptions
+from kvboost_rag.integrations._common import (
+    DEFAULT_MODEL,
+    check_engine_fidelity,
+    engine_options,
+    load_engine,
+    result_stats,
+)
+
+# What a call may pass through ``invoke(..., **kwargs)`` or ``bind(**kwargs)``.
+CALL_OPTIONS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "documents"})
+# Fields that only describe how to load a model: meaningless beside a given engine.
+LOAD_FIELDS = ("model_id", "dtype", "device", "config")
+
+
+class KVBoostFields(BaseModel):
+    """Model, sampling and reuse settings; every field is used, none is decorative."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model_id: str = Field(
+        default=DEFAULT_MODEL,
+        description="Embedded alias, local folder or HF id to load (no downloads happen "
+        "when the weights are local). Taken from the engine when one is given.",
+    )
+    engine: KVBoost | None = Field(
+        default=None,
+        exclude=True,
+        description="An existing KVBoost engine to wrap, so several LangChain objects share "
+        "one model and one KV cache. Built from the other fields when not given.",
+    )
+    dtype: str | None = Field(
+        default=None, description="torch dtype to load in ('float32', 'bfloat16'); auto if None."
+    )
+    device: str | None = Field(default=None, description="Device to load on; auto if None.")
+    config: KVBoostConfig | None = Field(
+        default=None, exclude=True, description="Engine configuration used when loading."
+    )
+    fidelity: Literal["exact", "balanced", "fast"] | None = Field(
+        default=None,
+        description="Passage-reuse fidelity level; None keeps the engine's (default "
+        "'balanced'). Must match a wrapped engine's level.",
+    )
+    max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(default=0.0, ge=0.0, description="0 decodes greedily.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
+    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
+    stop: list[str] | None = Field(
+        default=None, description="Stop strings; the text ends before the first one."
+    )
+    streaming: bool = Field(
+        default=False, description="Generate through the streaming path (token callbacks)."
+    )
+
+    @model_validator(mode="after")
+    def _attach_engine(self) -> KVBoostFields:
+        SamplingOptions.build(**engine_options(stop=self.stop, **self._sampling()))  # validates
+        if self.engine is None:
+            self.engine = load_engine(
+                self.model_id,
+                fidelity=self.fidelity,
+                dtype=self.dtype,
+                device=self.device,
+                config=self.config,
+            )
+            return self
+        given = [name for name in LOAD_FIELDS if name in self.model_fields_set]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} describe(s) how to load a model; pass them or "
+                "engine=, not both"
+            )
+        check_engine_fidelity(self.engine, self.fidelity)
+        self.model_id = getattr(self.engine, "name", None) or self.model_id
+        return self
+
+    @classmethod
+    def from_model_id(cls, model_id: str = DEFAULT_MODEL, **kwargs: Any) -> Any:
+        """Load ``model_id`` (an embedded alias, a local folder or an HF id)."""
+        return cls(model_id=model_id, **kwargs)
+
+    @property
+    def kv_engine(self) -> KVBoost:
+        assert self.engine is not None  # set by the validator
+        return self.engine
+
+    def _sampling(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+        }
+
+    def _request(
+        self, stop: Sequence[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """The engine options for one call, and the documents it passed (if any)."""
+        unknown = set(kwargs) - CALL_OPTIONS - {"model"}
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {sorted(unknown)}; a call accepts {sorted(CALL_OPTIONS)}"
+            )
+        model = kwargs.get("model")
+        if model is not None and model != self.model_id:
+            raise ValueError(
+                f"this object serves {self.model_id!r}; it cannot switch to {model!r} per call"
+            )
+        values = {
+            **self._sampling(),
+            **{k: kwargs[k] for k in CALL_OPTIONS - {"documents"} if k in kwargs},
+        }
+        stops = stop if stop is not None else self.stop
+        options = engine_options(stop=stops, **values)
+        return options, list(kwargs.get("documents") or [])
+
+    def _stats(self, result: GenerationResult) -> dict[str, Any]:
+        return {"model_name": self.model_id, **result_stats(result)}
+
+    def _ls_base(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "ls_provider": "kvboost_rag",
+            "ls_model_name": kwargs.get("model") or self.model_id,
+            "ls_temperature": kwargs.get("temperature", self.temperature),
+            "ls_max_tokens": kwargs.get("max_tokens", self.max_tokens),
+        }
+        stops = stop if stop is not None else self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
+    def _token_ids(self, text: str) -> list[int]:
+        ids = self.kv_engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids)

@@ -1,0 +1,76 @@
+"""Passage boundaries for LangChain: documents in, marked passages out, and a splitter whose
+chunks are the engine's KV units."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.documents import Document
+from langchain_core.prompts import PromptTemplate
+from langchain_text_splitters import TextSplitter
+
+from kvboost_rag.core.chunker import CLOSE, OPEN
+from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.core.prompts import PASSAGE_SEPARATOR
+from kvboost_rag.integrations._common import documents_as_passages, split_into_units
+
+# ``create_stuff_documents_chain`` joins formatted documents with this; the separator
+# already sits inside each passage, so nothing is added between them.
+PASSAGE_DOCUMENT_SEPARATOR = ""
+
+
+def format_passages(documents: Sequence[Document | str]) -> str:
+    """Documents as marked passages, for plain LCEL (``{"context": retriever |
+    format_passages, ...}``). Laid out exactly as ``warm_corpus`` warms them."""
+    return documents_as_passages(documents)
+
+
+def passage_document_prompt() -> PromptTemplate:
+    """The ``document_prompt`` for ``create_stuff_documents_chain``: each document becomes
+    a marked passage. Pass ``document_separator=PASSAGE_DOCUMENT_SEPARATOR`` with it."""
+    return PromptTemplate.from_template(f"{OPEN}{{page_content}}{PASSAGE_SEPARATOR}{CLOSE}")
+
+
+def stuff_documents_kwargs() -> dict[str, Any]:
+    """``create_stuff_documents_chain(llm, prompt, **stuff_documents_kwargs())``."""
+    return {
+        "document_prompt": passage_document_prompt(),
+        "document_separator": PASSAGE_DOCUMENT_SEPARATOR,
+    }
+
+
+class KVBoostTextSplitter(TextSplitter):
+    """Splits text at sentence boundaries into chunks the engine caches whole, so what a
+    retriever returns is exactly one KV unit each.
+
+    ``engine`` is a ``KVBoost`` engine or an object holding one as ``.engine``
+    (``ChatKVBoost``, ``KVBoostLLM``); its tokenizer counts tokens and its
+    ``max_passage_tokens`` is the default (and largest) ``chunk_size``. Chunks do not
+    overlap: an overlap would store the shared sentences twice.
+    """
+
+    def __init__(self, engine: Any, chunk_size: int | None = None, **kwargs: Any) -> None:
+        kv = engine if isinstance(engine, KVBoost) else getattr(engine, "engine", None)
+        if not isinstance(kv, KVBoost):
+            raise TypeError(
+                f"engine must be a KVBoost engine or hold one as .engine, "
+                f"got {type(engine).__name__}"
+            )
+        limit = kv.config.max_passage_tokens
+        size = limit if chunk_size is None else chunk_size
+        if not 1 <= size <= limit:
+            raise ValueError(
+                f"chunk_size must be in [1, {limit}] tokens (the engine's max_passage_tokens; "
+                f"longer chunks would be split again), got {size}"
+            )
+        if kwargs.get("chunk_overlap", 0):
+            raise ValueError("chunk_overlap must be 0: overlapping chunks cache text twice")
+        if "length_function" in kwargs:
+            raise ValueError("length_function is fixed: chunks are measured in model tokens")
+        super().__init__(chunk_size=size, chunk_overlap=0, **kwargs)
+        self._tokenizer = kv.tokenizer
+
+    def split_text(self, text: str) -> list[str]:
+        pieces = split_into_units(text, self._tokenizer, self._chunk_size)
+        return [p.strip() for p in pieces] if self._strip_whitespace else pieces

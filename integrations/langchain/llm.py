@@ -1,0 +1,147 @@
+"""``KVBoostLLM``: a LangChain text-completion LLM whose prompts reuse cached passage KV."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Generator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseLLM
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from pydantic import ConfigDict
+
+from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.integrations._common import aiter_thread
+from kvboost_rag.integrations.langchain._fields import KVBoostFields
+from kvboost_rag.warm import document_text
+
+
+class KVBoostLLM(KVBoostFields, BaseLLM):
+    """A local HF model as a completion LLM that computes each retrieved passage's KV once.
+
+    Drop-in for ``HuggingFacePipeline``. Mark passages with ``format_passages(docs)`` /
+    ``stuff_documents_kwargs()`` in the prompt, or pass ``documents=`` to ``invoke`` /
+    ``bind`` (placed before the prompt). Each generation's ``generation_info`` carries
+    ``ttft_ms``, ``kv_reuse_ratio``, passages hit/missed and token counts; ``llm_output``
+    sums the token usage.
+    """
+
+    # Set here: pydantic takes the last base's config, and LangChain's ignores extras.
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    @property
+    def _llm_type(self) -> str:
+        return "kvboost"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "fidelity": self.kv_engine.config.fidelity,
+            **self._sampling(),
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        return {**self._ls_base(stop, kwargs), "ls_model_type": "llm"}
+
+    def get_token_ids(self, text: str) -> list[int]:
+        return self._token_ids(text)
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        results = []
+        for prompt in prompts:
+            if self.streaming:
+                chunks = list(self._stream(prompt, stop, run_manager, **kwargs))
+                text = "".join(c.text for c in chunks)
+                results.append(Generation(text=text, generation_info=chunks[-1].generation_info))
+            else:
+                options, documents = self._request(stop, kwargs)
+                result = self.kv_engine.generate(prompt, passages=_texts(documents), **options)
+                results.append(Generation(text=result.text, generation_info=self._stats(result)))
+        return LLMResult(generations=[[g] for g in results], llm_output=_usage(results))
+
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        if self.streaming:
+            generations = []
+            for prompt in prompts:
+                chunks = [c async for c in self._astream(prompt, stop, run_manager, **kwargs)]
+                text = "".join(c.text for c in chunks)
+                generations.append(
+                    Generation(text=text, generation_info=chunks[-1].generation_info)
+                )
+            return LLMResult(generations=[[g] for g in generations], llm_output=_usage(generations))
+        # The model runs in a worker thread; requests still serialize on the model's lock.
+        return await asyncio.to_thread(self._generate, prompts, stop, None, **kwargs)
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        for chunk in self._chunks(prompt, stop, kwargs):
+            if run_manager and chunk.text:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        chunks = self._chunks(prompt, stop, kwargs)
+        async for chunk in aiter_thread(chunks, close=chunks.close):
+            if run_manager and chunk.text:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    def _chunks(
+        self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> Generator[GenerationChunk, None, None]:
+        """Text deltas as they decode, then an empty chunk carrying the statistics.
+        Closing this generator early cancels the generation."""
+        options, documents = self._request(stop, kwargs)
+        stream = self.kv_engine.stream(prompt, passages=_texts(documents), **options)
+        for delta in stream:
+            yield GenerationChunk(text=delta)
+        result = stream.result
+        assert isinstance(result, GenerationResult)
+        yield GenerationChunk(text="", generation_info=self._stats(result))
+
+
+def _texts(documents: list[Any]) -> list[str] | None:
+    return [document_text(d, i) for i, d in enumerate(documents)] or None
+
+
+def _usage(generations: list[Generation]) -> dict[str, Any]:
+    infos = [g.generation_info or {} for g in generations]
+    prompt = sum(i.get("prompt_tokens", 0) for i in infos)
+    completion = sum(i.get("completion_tokens", 0) for i in infos)
+    return {
+        "model_name": infos[0].get("model_name") if infos else None,
+        "token_usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "cached_tokens": sum(i.get("reused_tokens", 0) for i in infos),
+        },
+    }
