@@ -1,0 +1,32 @@
+"""LlamaIndex adapter: ``KVBoostLLM`` for any query engine, ``passage_query_engine`` so
+every response mode hands it whole retrieved nodes as reusable passages, and
+``KVBoostNodeParser`` so nodes are the engine's KV units.
+
+Needs ``pip install 'kvboost-rag[llamaindex]'``.
+"""
+
+from kvboost_rag.integrations._common import require
+
+require("llama_index", "llamaindex")
+
+from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM  # noqa: E402
+from kvboost_rag.integrations.llamaindex.node_parser import KVBoostNodeParser  # noqa: E402
+from kvboost_rag.integrations.llamaindex.synthesis import (  # noqa: E402
+    RESPONSE_MODES,
+    PassagePromptHelper,
+    PassageSynthesizer,
+    mark_nodes,
+    passage_query_engine,
+    passage_synthesizer,
+)
+
+__all__ = [
+    "RESPONSE_MODES",
+    "KVBoostLLM",
+    "KVBoostNodeParser",
+    "PassagePromptHelper",
+    "PassageSynthesizer",
+    "mark_nodes",
+    "passage_query_engine",
+    "passage_synthesizer",
+]

@@ -1,0 +1,289 @@
+"""``KVBoostLLM``: the engine as a LlamaIndex LLM, so query engines reuse passage KV."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, cast
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms import CustomLLM
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+
+from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.core.errors import KVBoostError
+from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.core.streaming import GenerationStream
+from kvboost_rag.integrations._common import (
+    DEFAULT_MODEL,
+    aiter_thread,
+    check_engine_fidelity,
+    engine_options,
+    load_engine,
+    result_stats,
+)
+
+# Options a single call may override (the fields of the same names are the defaults).
+CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed")
+
+# LlamaIndex's refine loop (compact and refine modes) logs ValueErrors raised by the LLM
+# and answers "Empty Response". Engine errors are ValueErrors (a prompt over the context
+# window, broken markers), so while a PassageSynthesizer runs they are also noted here,
+# and it raises them once LlamaIndex returns.
+ENGINE_ERRORS: ContextVar[list[KVBoostError] | None] = ContextVar(
+    "kvboost_engine_errors", default=None
+)
+
+
+@contextmanager
+def noting_engine_errors() -> Iterator[None]:
+    try:
+        yield
+    except KVBoostError as error:
+        noted = ENGINE_ERRORS.get()
+        if noted is not None:
+            noted.append(error)
+        raise
+
+
+class KVBoostLLM(CustomLLM):
+    """A local HF model whose passage KV is computed once and reused at any position.
+
+    Text inside ``kvboost_rag.passage()`` markers (what ``PassageSynthesizer`` puts around
+    each retrieved node) is served from the passage cache. Every answer carries its timing
+    and reuse statistics in ``additional_kwargs``; ``last_stats`` holds the latest ones.
+    """
+
+    model_name: str = Field(
+        default=DEFAULT_MODEL, description="The model's name or path (reported in metadata)."
+    )
+    max_tokens: int = Field(
+        default=256, gt=0, description="Most new tokens per answer (metadata.num_output)."
+    )
+    temperature: float = Field(default=0.0, ge=0.0, description="0 decodes greedily.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
+    stop: list[str] | None = Field(
+        default=None, description="Strings that end the answer (the text stops before them)."
+    )
+    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
+    fidelity: str | None = Field(
+        default=None,
+        description="exact, balanced or fast; must match a wrapped engine's (None: its own).",
+    )
+    context_window: int | None = Field(
+        default=None, gt=0, description="Tokens the model attends to; None: the model's."
+    )
+    is_chat_model: bool | None = Field(
+        default=None,
+        description="Answer chat through the tokenizer's chat template; None: when it has one.",
+    )
+
+    _engine: KVBoost = PrivateAttr()
+    _last_stats: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def __init__(self, engine: KVBoost | None = None, **fields: Any) -> None:
+        if not isinstance(engine, KVBoost):
+            raise TypeError(
+                "KVBoostLLM wraps an engine: KVBoostLLM(engine=KVBoost.from_pretrained(...)), "
+                "or load one with KVBoostLLM.from_model_id(model_id)"
+            )
+        check_engine_fidelity(engine, fields.get("fidelity"))
+        fields["fidelity"] = engine.config.fidelity
+        window = fields.get("context_window") or engine.context_window
+        if window > engine.context_window:
+            raise ValueError(
+                f"context_window={window} exceeds the model's {engine.context_window} tokens"
+            )
+        fields["context_window"] = window
+        if fields.get("is_chat_model") is None:
+            fields["is_chat_model"] = getattr(engine.tokenizer, "chat_template", None) is not None
+        fields.setdefault("model_name", _model_name(engine))
+        super().__init__(**fields)
+        self._engine = engine
+
+    @classmethod
+    def from_model_id(
+        cls,
+        model_id: str = DEFAULT_MODEL,
+        *,
+        fidelity: str | None = None,
+        dtype: Any = None,
+        device: Any = None,
+        model_kwargs: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> KVBoostLLM:
+        """Load ``model_id`` (an embedded alias, a local path or an HF id) into a new engine."""
+        engine = load_engine(
+            model_id, fidelity=fidelity, dtype=dtype, device=device, **(model_kwargs or {})
+        )
+        return cls(engine=engine, model_name=model_id, fidelity=fidelity, **fields)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "KVBoostLLM"
+
+    @property
+    def engine(self) -> KVBoost:
+        """The wrapped engine (``warm_corpus(llm, nodes)`` warms it)."""
+        return self._engine
+
+    @property
+    def last_stats(self) -> dict[str, Any] | None:
+        """Statistics of the latest answer that finished (see ``result_stats``)."""
+        return self._last_stats
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=cast(int, self.context_window),
+            num_output=self.max_tokens,
+            is_chat_model=bool(self.is_chat_model),
+            model_name=self.model_name,
+        )
+
+    # -- LlamaIndex's endpoints: each one translates, the engine does the work ----------
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._complete(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        return self._completion_chunks(self._open_stream(prompt, formatted, kwargs))
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat(messages, kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return _as_chat(self._completion_chunks(self._open_chat_stream(messages, kwargs)))
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        stream = await asyncio.to_thread(self._open_stream, prompt, formatted, kwargs)
+        return cast(
+            CompletionResponseAsyncGen,
+            aiter_thread(self._completion_chunks(stream), close=stream.close),
+        )
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await asyncio.to_thread(self._chat, messages, kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        stream = await asyncio.to_thread(self._open_chat_stream, messages, kwargs)
+        chunks = _as_chat(self._completion_chunks(stream))
+        return cast(ChatResponseAsyncGen, aiter_thread(chunks, close=stream.close))
+
+    # -- translation ---------------------------------------------------------------------
+
+    def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
+        with noting_engine_errors():
+            result = self._engine.generate(self._prompt(prompt, formatted), **self._options(kwargs))
+        return CompletionResponse(text=result.text, additional_kwargs=self._record(result))
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        options = self._options(kwargs)
+        with noting_engine_errors():
+            if self.is_chat_model:
+                result = self._engine.chat(_engine_messages(messages), **options)
+            else:
+                result = self._engine.generate(self._messages_prompt(messages), **options)
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
+            additional_kwargs=self._record(result),
+        )
+
+    def _open_stream(
+        self, prompt: str, formatted: bool, kwargs: dict[str, Any]
+    ) -> GenerationStream:
+        with noting_engine_errors():
+            return self._engine.stream(self._prompt(prompt, formatted), **self._options(kwargs))
+
+    def _open_chat_stream(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> GenerationStream:
+        options = self._options(kwargs)
+        with noting_engine_errors():
+            if self.is_chat_model:
+                return self._engine.stream_chat(_engine_messages(messages), **options)
+            return self._engine.stream(self._messages_prompt(messages), **options)
+
+    def _completion_chunks(
+        self, stream: GenerationStream
+    ) -> Generator[CompletionResponse, None, None]:
+        """Cumulative ``text`` and the new ``delta`` per chunk; a last chunk with an empty
+        delta carries the statistics, which exist only once generation ends."""
+        text = ""
+        for delta in stream:
+            text += delta
+            yield CompletionResponse(text=text, delta=delta)
+        result = cast(GenerationResult, stream.result)
+        yield CompletionResponse(text=result.text, delta="", additional_kwargs=self._record(result))
+
+    def _prompt(self, prompt: str, formatted: bool) -> str:
+        """A raw prompt gets the system prompt, query wrapper and ``completion_to_prompt``;
+        a formatted one (from ``predict``) already has them."""
+        if formatted:
+            return prompt
+        return cast(Any, self.completion_to_prompt)(self._extend_prompt(prompt))
+
+    def _messages_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        return str(cast(Any, self.messages_to_prompt)(messages))
+
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(kwargs) - set(CALL_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown option(s) {unknown}; KVBoostLLM takes {list(CALL_OPTIONS)}")
+        chosen = {name: kwargs.get(name, getattr(self, name)) for name in CALL_OPTIONS}
+        return engine_options(**chosen)
+
+    def _record(self, result: GenerationResult) -> dict[str, Any]:
+        stats = result_stats(result)
+        self._last_stats = stats
+        return stats
+
+
+def _as_chat(chunks: Iterator[CompletionResponse]) -> Generator[ChatResponse, None, None]:
+    for chunk in chunks:
+        yield ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=chunk.text),
+            delta=chunk.delta,
+            additional_kwargs=chunk.additional_kwargs,
+        )
+
+
+def _engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    return [{"role": m.role.value, "content": m.content or ""} for m in messages]
+
+
+def _model_name(engine: KVBoost) -> str:
+    return str(getattr(engine.model.config, "name_or_path", "") or type(engine.model).__name__)
