@@ -127,7 +127,7 @@ class PassageCache:
         a = len(self.anchor)
         ids, mask = self.padded(passages)
         out = self.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-        layers = out.past_key_values.layers
+        layers = out.cache.layers
         return [
             [
                 (

@@ -37,7 +37,7 @@ def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokeni
         out = engine.model(ids, position_ids=torch.arange(delta, delta + ids.shape[1])[None])
     rot = rotation(delta, rotary_embedding(engine.model), stored[0][0])
     for layer, (keys, values) in enumerate(stored):
-        fresh = out.past_key_values.layers[layer]
+        fresh = out.cache.layers[layer]
         torch.testing.assert_close(rerotate(keys, rot), fresh.keys[:, :, a:], atol=2e-5, rtol=0)
         torch.testing.assert_close(values, fresh.values[:, :, a:], atol=2e-5, rtol=0)
 

