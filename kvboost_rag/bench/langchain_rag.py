@@ -92,12 +92,11 @@ def stream_first_token(chain: Any, question: str) -> tuple[float, str]:
     return ttft or (time.perf_counter() - start) * 1e3, "".join(parts)
 
 
-def systems(engine: KVBoost, max_tokens: int) -> dict[str, Any]:
-    """The HF pipeline baseline and ChatKVBoost at each fidelity, all on one model."""
+def hf_chat_model(engine: KVBoost, max_tokens: int) -> Any:
+    """What a LangChain user runs without us: ChatHuggingFace over HuggingFacePipeline,
+    greedy, on the engine's model object (HF ``generate``, full prefill every time)."""
     from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
     from transformers import pipeline
-
-    from kvboost_rag.integrations.langchain import ChatKVBoost
 
     pipe = pipeline(
         "text-generation",
@@ -107,8 +106,14 @@ def systems(engine: KVBoost, max_tokens: int) -> dict[str, Any]:
         do_sample=False,
         return_full_text=False,
     )
-    hf = ChatHuggingFace(llm=HuggingFacePipeline(pipeline=pipe), tokenizer=engine.tokenizer)
-    out: dict[str, Any] = {"HuggingFacePipeline (full prefill)": hf}
+    return ChatHuggingFace(llm=HuggingFacePipeline(pipeline=pipe), tokenizer=engine.tokenizer)
+
+
+def systems(engine: KVBoost, max_tokens: int) -> dict[str, Any]:
+    """The HF pipeline baseline and ChatKVBoost at each fidelity, all on one model."""
+    from kvboost_rag.integrations.langchain import ChatKVBoost
+
+    out: dict[str, Any] = {"HuggingFacePipeline (full prefill)": hf_chat_model(engine, max_tokens)}
     for level in ("exact", "balanced", "fast"):
         kv = KVBoost(engine.model, engine.tokenizer, KVBoostConfig(fidelity=level))
         out[f"ChatKVBoost {level}"] = ChatKVBoost(engine=kv, max_tokens=max_tokens)
