@@ -354,3 +354,43 @@ def test_engine_errors_are_not_swallowed(mode: str, tiny_llm: KVBoostLLM) -> Non
     nodes = [NodeWithScore(node=TextNode(text=t * 4), score=1.0) for t in TEXTS]
     with pytest.raises(ContextWindowError):
         passage_synthesizer(chat, response_mode=mode).synthesize("towers?", nodes)
+
+
+# -- end to end on the embedded model ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def essay_index(embedded: KVBoost, embed_model) -> tuple[VectorStoreIndex, KVBoostLLM, list]:  # type: ignore[no-untyped-def]
+    from kvboost_rag.bench.corpus import passages as essay_pieces
+
+    llm = KVBoostLLM(engine=embedded, max_tokens=8)
+    texts = essay_pieces(embedded.tokenizer, 64, 3)
+    index = VectorStoreIndex.from_documents(
+        [Document(text=t) for t in texts],
+        embed_model=embed_model,
+        transformations=[KVBoostNodeParser.from_engine(llm)],
+    )
+    questions = [t.split(". ")[0] + "?" for t in (texts[0], texts[-1])]
+    return index, llm, questions
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("mode", RESPONSE_MODES)
+def test_essays_reordered_reuse_every_passage(
+    mode: str, essay_index: tuple, recorder: Recorder
+) -> None:
+    index, llm, questions = essay_index
+    llm.engine.clear_cache()
+    engine = passage_query_engine(index, llm, response_mode=mode, similarity_top_k=3)
+    first = [n.node.node_id for n in engine.query(questions[0]).source_nodes]
+    recorder.prompts.clear(), recorder.stats.clear()
+    second = [n.node.node_id for n in engine.query(questions[1]).source_nodes]
+    assert sorted(first) == sorted(second) and first != second
+    sent = [p for prompt in recorder.prompts for p in passages_in(prompt)]
+    assert len(sent) == 3
+    # Every passage of the reordered query comes from the cache (none re-encoded).
+    assert all(s["passages_missed"] == 0 for s in recorder.stats)
+    passage_tokens = sum(
+        len(llm.engine.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in sent
+    )
+    assert sum(s["reused_tokens"] for s in recorder.stats) >= 0.8 * passage_tokens
