@@ -259,3 +259,25 @@ def test_token_counts_use_the_models_tokenizer(chat: ChatKVBoost, tokenizer) -> 
     text = "Hello there"
     assert chat.get_num_tokens(text) == len(tokenizer(text, add_special_tokens=False).input_ids)
     assert chat._get_ls_params()["ls_provider"] == "kvboost_rag"
+
+
+def test_lcel_format_passages_marks_retrieved_documents(chat: ChatKVBoost, engine: KVBoost) -> None:
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Context:\n{context}"), ("human", "{question}")]
+    )
+    orders = iter([DOCS, DOCS[::-1]])
+    retriever = RunnableLambda(lambda _question: next(orders))
+    chain = (
+        {"context": retriever | format_passages, "question": RunnablePassthrough()}
+        | prompt
+        | chat
+        | StrOutputParser()
+    )
+    assert isinstance(chain.invoke(QUESTION), str)
+    before = engine.stats().reused_tokens
+    chain.invoke(QUESTION)  # the same documents in reverse order: every passage is a hit
+    passage_tokens = sum(len(engine.tokenize(format_passages([d]))) for d in DOCS)
+    assert engine.stats().reused_tokens - before >= passage_tokens
