@@ -6,9 +6,8 @@ Timed the same way as the engine: from the call (tokenization included) to the f
 from __future__ import annotations
 
 import json
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ class BaselineRun:
     token_ids: list[int]
     ttft_ms: float
     total_ms: float
+    first_logits: torch.Tensor | None = None  # the first token's logits, when asked for
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -30,13 +30,16 @@ class BaselineRun:
         return n / ((self.total_ms - self.ttft_ms) / 1e3) if n > 0 else 0.0
 
 
-def full_prefill(model: Any, tokenize: Callable[[], list[int]], max_new_tokens: int) -> BaselineRun:
-    """Greedy decode with no cache reuse at all; ``tokenize`` runs inside the timing."""
+def full_prefill(
+    model: Any, tokenize: Callable[[], list[int]], max_new_tokens: int, logits: bool = False
+) -> BaselineRun:
+    """Greedy decode with no cache reuse at all; ``tokenize`` runs inside the timing.
+    With ``logits`` the first token's logits of this very run come back too."""
     start = time.perf_counter()
     ids = torch.tensor([tokenize()])
     collector = TokenCollector()
     with torch.inference_mode():
-        model.generate(
+        out = model.generate(
             ids.to(model.device),
             attention_mask=torch.ones_like(ids).to(model.device),
             max_new_tokens=max_new_tokens,
@@ -45,14 +48,15 @@ def full_prefill(model: Any, tokenize: Callable[[], list[int]], max_new_tokens: 
             temperature=None,
             top_p=None,
             top_k=None,
+            output_logits=logits,
+            return_dict_in_generate=logits,
         )
     end = time.perf_counter()
     first = collector.first_token_at or end
-    return BaselineRun(collector.token_ids, (first - start) * 1e3, (end - start) * 1e3)
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    first_logits = out.logits[0][0].float() if logits else None
+    return BaselineRun(
+        collector.token_ids, (first - start) * 1e3, (end - start) * 1e3, first_logits
+    )
 
 
 def write_report(out: Path, name: str, report: dict[str, Any]) -> Path:

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
-from kvboost_rag.bench.baseline import full_prefill, median, write_report
+from kvboost_rag.bench.baseline import full_prefill, write_report
+from kvboost_rag.bench.metrics import median
 
 SYSTEM = (
     "You are a helpful assistant for a small bakery. The bakery opens at 7 am and closes at "

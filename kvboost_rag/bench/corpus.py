@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag.core.chunker import split_passage
+from kvboost_rag.core.prompts import format_passages
 
 NAMES = [
     "Harbor",
@@ -36,6 +37,7 @@ NAMES = [
     "Onyx",
     "Prairie",
 ]
+SYSTEM_PROMPT = "Answer the question using the documents. Reply with the code only."
 COLORS = ["Red", "Blue", "Green", "Silver", "Golden", "Black", "White", "Violet"]
 
 
@@ -66,6 +68,8 @@ def passages(
         for piece in split_passage(" ".join(essay.split()), tokenizer, max_tokens):
             if len(tokenizer(piece)["input_ids"]) >= floor:
                 pieces.append(piece.strip())
+        if len(pieces) >= skip + count:
+            break  # the pieces come in essay order, so the rest cannot change the answer
     return pieces[skip : skip + count]
 
 
@@ -83,3 +87,11 @@ def fact_passages(texts: list[str], seed: int) -> list[FactPassage]:
         question = f"What is the access code for the {name} archive?"
         out.append(FactPassage(f"{head}. {fact} {rest}", question, str(code)))
     return out
+
+
+def messages_for(docs: list[FactPassage], question: str) -> list[dict[str, str]]:
+    body = "Documents:\n\n" + format_passages([d.text for d in docs])
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": body + f"Question: {question}"},
+    ]

@@ -14,18 +14,18 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvboost_rag import KVBoost, KVBoostConfig, format_passages
-from kvboost_rag.bench.baseline import full_prefill, median, write_report
-from kvboost_rag.bench.corpus import FactPassage, fact_passages, passages
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.bench.baseline import full_prefill, write_report
+from kvboost_rag.bench.cold import cold_start
+from kvboost_rag.bench.corpus import FactPassage, fact_passages, messages_for, passages
+from kvboost_rag.bench.memory import PeakMemory
+from kvboost_rag.bench.metrics import Row, kl_div, median, summary
 
-SYSTEM_PROMPT = "Answer the question using the documents. Reply with the code only."
 NEW_TOKENS = 16
 SYSTEMS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "levels": [
@@ -47,24 +47,6 @@ SYSTEMS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
-@dataclass
-class Row:
-    ttft: list[float] = field(default_factory=list)
-    top1: list[bool] = field(default_factory=list)
-    kl: list[float] = field(default_factory=list)
-    greedy: list[bool] = field(default_factory=list)
-    correct: list[bool] = field(default_factory=list)
-    reuse: list[float] = field(default_factory=list)
-
-
-def messages_for(docs: list[FactPassage], question: str) -> list[dict[str, str]]:
-    body = "Documents:\n\n" + format_passages([d.text for d in docs])
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": body + f"Question: {question}"},
-    ]
-
-
 def queries(pool: list[FactPassage], k: int, n: int, seed: int) -> list[tuple[list, FactPassage]]:
     rng = random.Random(seed)
     out = []
@@ -76,95 +58,100 @@ def queries(pool: list[FactPassage], k: int, n: int, seed: int) -> list[tuple[li
     return out
 
 
-def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, torch.Tensor, float]:
-    """Full prefill (timed like a user would see it), its logits, and the floor: a forward
-    pass of only the question's tokens over a ready cache of everything before them."""
-    run = full_prefill(model, lambda: engine.tokenize_chat(messages), NEW_TOKENS)
+def popular_queries(
+    pool: list[FactPassage], k: int, n: int, seed: int, skew: float = 1.2
+) -> list[tuple[list, FactPassage]]:
+    """Queries over a shared pool where a few passages are popular: passages are drawn
+    with Zipf weights (rank ** -skew), so the top handful appear in most prompts."""
+    rng = random.Random(seed)
+    weights = [(rank + 1) ** -skew for rank in range(len(pool))]
+    out = []
+    for _ in range(n):
+        docs: list[FactPassage] = []
+        while len(docs) < k:
+            pick = rng.choices(pool, weights)[0]
+            if pick not in docs:
+                docs.append(pick)
+        target = rng.choice(docs)
+        rng.shuffle(docs)
+        out.append((docs, target))
+    return out
+
+
+def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, float]:
+    """Full prefill (timed like a user would see it, its first-token logits kept) and the
+    floor: a forward pass of only the question's tokens over a ready cache of the rest."""
+    run = full_prefill(model, lambda: engine.tokenize_chat(messages), NEW_TOKENS, logits=True)
     prompt = engine._prompts.chat(messages)  # the spans tell where the question starts
     tail = prompt.passages[-1][1]
-    ids = torch.tensor([prompt.tokens])
+    ids = torch.tensor([prompt.tokens], device=model.device)
     with torch.inference_mode():
-        logits = model(ids, logits_to_keep=1).logits[0, -1]  # one pass, as HF generate does
         out = model(ids[:, :tail], use_cache=True, logits_to_keep=1)
         start = time.perf_counter()
         model(ids[:, tail:], cache=out.past_key_values, logits_to_keep=1).logits[0, -1].argmax()
         floor = (time.perf_counter() - start) * 1e3
-    return run, logits.float(), floor
+    return run, floor
 
 
-def kl_div(ref: torch.Tensor, ours: torch.Tensor) -> float:
-    p, q = torch.log_softmax(ref, -1), torch.log_softmax(ours, -1)
-    return float((p.exp() * (p - q)).sum())
-
-
-def run_size(
-    base: KVBoost, engines: dict[str, KVBoost], pool: list[FactPassage], k: int, n: int, seed: int
+def run_queries(
+    base: KVBoost, systems: dict[str, Any], batch: list[tuple[list, FactPassage]]
 ) -> dict[str, Any]:
-    rows = {name: Row() for name in ["full prefill", *engines]}
+    """Every system answers every query, interleaved query by query, beside a full prefill
+    of the same tokens. ``systems`` are engines (or the peer) with ``chat`` and
+    ``first_token_logits``."""
+    rows = {name: Row() for name in ["full prefill", *systems]}
     floors, lengths = [], []
-    for docs, target in queries(pool, k, n, seed):
+    for docs, target in batch:
         messages = messages_for(docs, target.question)
-        ref, ref_logits, floor = reference(base.model, base, messages)
-        ref_text = base.tokenizer.decode(ref.token_ids, skip_special_tokens=True)
+        with PeakMemory(base.model.device) as peak:
+            ref, floor = reference(base.model, base, messages)
+        assert ref.first_logits is not None
         floors.append(floor)
         lengths.append(len(base.tokenize_chat(messages)))
         full = rows["full prefill"]
-        full.ttft.append(ref.ttft_ms)
-        full.correct.append(target.answer in ref_text)
-        for name, engine in engines.items():
-            result = engine.chat(messages, max_new_tokens=NEW_TOKENS)
-            logits = engine.first_token_logits(messages)
+        full.add_run(ref.ttft_ms, ref.token_ids, ref.total_ms - ref.ttft_ms)
+        full.add_peak(peak)
+        full.correct.append(target.answer in base.tokenizer.decode(ref.token_ids, True))
+        for name, system in systems.items():
+            with PeakMemory(base.model.device) as peak:
+                result = system.chat(messages, max_new_tokens=NEW_TOKENS)
+            logits = system.first_token_logits(messages)
             row = rows[name]
-            row.ttft.append(result.ttft_ms)
-            row.top1.append(int(logits.argmax()) == int(ref_logits.argmax()))
-            row.kl.append(kl_div(ref_logits, logits))
+            row.add_run(result.ttft_ms, result.token_ids, result.timings.decode_ms)
+            row.add_peak(peak)
+            row.top1.append(int(logits.argmax()) == int(ref.first_logits.argmax()))
+            row.kl.append(kl_div(ref.first_logits, logits))
             row.greedy.append(result.token_ids[:NEW_TOKENS] == ref.token_ids[:NEW_TOKENS])
             row.correct.append(target.answer in result.text)
             row.reuse.append(result.kv_reuse_ratio)
     base_ttft, floor = median(rows["full prefill"].ttft), median(floors)
     return {
-        "passages_per_prompt": k,
-        "queries": n,
+        "passages_per_prompt": len(batch[0][0]),
+        "queries": len(batch),
         "median_prompt_tokens": median(lengths),
         "floor_ms": floor,
-        "systems": {name: _summary(row, base_ttft, floor) for name, row in rows.items()},
+        "systems": {name: summary(row, base_ttft, floor) for name, row in rows.items()},
     }
 
 
-def _summary(row: Row, base_ttft: float, floor: float) -> dict[str, Any]:
-    ttft = median(row.ttft)
-    pct = lambda xs: 100 * sum(xs) / len(xs) if xs else None  # noqa: E731
-    return {
-        "median_ttft_ms": ttft,
-        "p90_ttft_ms": sorted(row.ttft)[int(0.9 * (len(row.ttft) - 1))],
-        "speedup": base_ttft / ttft,
-        "vs_floor": ttft / floor,
-        "top1_agreement_pct": pct(row.top1),
-        "mean_kl": sum(row.kl) / len(row.kl) if row.kl else None,
-        "greedy16_match_pct": pct(row.greedy),
-        "accuracy_pct": pct(row.correct),
-        "reuse_pct": 100 * sum(row.reuse) / len(row.reuse) if row.reuse else None,
-    }
+def run_size(
+    base: KVBoost, engines: dict[str, Any], pool: list[FactPassage], k: int, n: int, seed: int
+) -> dict[str, Any]:
+    return run_queries(base, engines, queries(pool, k, n, seed))
 
 
 def cold(
     base: KVBoost, engine: KVBoost, fresh: list[FactPassage], k: int, n: int
 ) -> dict[str, float]:
     """Prompts whose passages are all new: engine TTFT vs full prefill, interleaved."""
-    ours, theirs = [], []
-    for i in range(n):
-        docs = fresh[i * k : (i + 1) * k]
-        messages = messages_for(docs, docs[0].question)
-        theirs.append(full_prefill(base.model, partial(base.tokenize_chat, messages), 1).ttft_ms)
-        result = engine.chat(messages, max_new_tokens=1)
-        assert result.passages_missed == k
-        ours.append(result.ttft_ms)
+    size = cold_start(base, {"engine": engine}, fresh, k, n)
+    ours, theirs = size["systems"]["engine"], size["systems"]["full prefill"]
     return {
         "passages_per_prompt": k,
         "queries": n,
-        "engine_ms": median(ours),
-        "full_prefill_ms": median(theirs),
-        "ratio": median(ours) / median(theirs),
+        "engine_ms": ours["median_ttft_ms"],
+        "full_prefill_ms": theirs["median_ttft_ms"],
+        "ratio": ours["median_ttft_ms"] / theirs["median_ttft_ms"],
     }
 
 
@@ -174,21 +161,22 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def print_table(title: str, size: dict[str, Any]) -> None:
+    floor = f", floor {size['floor_ms']:.1f} ms" if "floor_ms" in size else ""
     print(
         f"\n{title}: {size['passages_per_prompt']} passages, median "
-        f"{size['median_prompt_tokens']:.0f} prompt tokens, {size['queries']} queries, "
-        f"floor {size['floor_ms']:.1f} ms"
+        f"{size['median_prompt_tokens']:.0f} prompt tokens, {size['queries']} queries{floor}"
     )
     print(
-        f"{'system':<22}{'TTFT ms':>9}{'p90':>8}{'speedup':>9}{'x floor':>9}{'top1%':>7}"
-        f"{'KL':>8}{'greedy%':>9}{'acc%':>6}{'reuse%':>8}"
+        f"{'system':<27}{'TTFT ms':>9}{'p90':>9}{'speedup':>9}{'x floor':>8}{'top1%':>6}"
+        f"{'KL':>7}{'greedy%':>8}{'acc%':>5}{'reuse%':>7}{'dec/s':>6}{'MiB':>6}"
     )
     for name, s in size["systems"].items():
         print(
-            f"{name:<22}{s['median_ttft_ms']:>9.1f}{s['p90_ttft_ms']:>8.1f}{s['speedup']:>8.2f}x"
-            f"{s['vs_floor']:>8.2f}x{_fmt(s['top1_agreement_pct'], '>7.0f')}"
-            f"{_fmt(s['mean_kl'], '>8.3f')}{_fmt(s['greedy16_match_pct'], '>9.0f')}"
-            f"{s['accuracy_pct']:>6.0f}{_fmt(s['reuse_pct'], '>8.0f')}"
+            f"{name:<27}{s['median_ttft_ms']:>9.1f}{s['p90_ttft_ms']:>9.1f}{s['speedup']:>8.2f}x"
+            f"{_fmt(s['vs_floor'], '>7.2f')}x{_fmt(s['top1_agreement_pct'], '>6.0f')}"
+            f"{_fmt(s['mean_kl'], '>7.3f')}{_fmt(s['greedy16_match_pct'], '>8.0f')}"
+            f"{_fmt(s['accuracy_pct'], '>5.0f')}{_fmt(s['reuse_pct'], '>7.0f')}"
+            f"{_fmt(s['decode_tok_s'], '>6.1f')}{_fmt(s['peak_request_mib'], '>6.0f')}"
         )
 
 

@@ -1,6 +1,6 @@
 """Markdown tables from benchmark JSON, so the README's numbers are a run's numbers.
 
-python -m kvboost_rag.bench.report docs/bench/rag-levels-bfloat16.json ...
+python -m kvboost_rag.bench.report docs/bench/bench.json docs/bench/rag-levels-bfloat16.json ...
 """
 
 from __future__ import annotations
@@ -62,19 +62,146 @@ def chat_table(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+RAG_HEAD = (
+    "| system | median TTFT ms | p90 | speed-up | x floor | first-token agreement "
+    "| first-token KL | 16-token greedy match | task accuracy | KV reused | decode tok/s "
+    "| request peak MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+TITLES = {
+    "rag-1k": "RAG, retrieval order, ~1k-token prompts",
+    "rag-2k": "RAG, retrieval order, ~2k-token prompts",
+    "popular": "Shared pool of popular passages (Zipf), nothing warmed",
+}
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    return (
+        f"Machine: {m['cpu']} ({m['cpu_count']} cores, {m['memory_gib']} GiB), device "
+        f"{m['device']}, {m['threads']} torch threads; torch {m['torch']}, transformers "
+        f"{m['transformers']}, Python {m['python']}. Model {report['model']} in {m['dtype']}. "
+        f"Peak memory: {m['peak_memory_method']}. Whole run {report['wall_s'] / 60:.1f} min."
+    )
+
+
+def bench_markdown(report: dict[str, Any], chart: str | None = None) -> str:
+    """The README's benchmark section body from ``bench.json``: every table of the run."""
+    out = [machine_line(report), "", "```bash", report["command"], "```", ""]
+    if chart:
+        out += [f"![TTFT and task accuracy per system]({chart})", ""]
+    for name, title in TITLES.items():
+        size = report["workloads"][name]
+        out.append(
+            f"**{title}**: {size['passages_per_prompt']} passages per prompt, median "
+            f"{size['median_prompt_tokens']:.0f} prompt tokens, {size['queries']} queries; floor "
+            f"(question tokens only, over a ready cache) {size['floor_ms']:.0f} ms\n"
+        )
+        out += [RAG_HEAD, *(_rag_line(n, s) for n, s in size["systems"].items()), ""]
+    out += _losses(report) + _cold(report["workloads"]["cold"])
+    out += _chat(report["workloads"]["chat"]) + _warm(report)
+    return "\n".join(out)
+
+
+def _losses(report: dict[str, Any]) -> list[str]:
+    """Where each system loses accuracy: its task accuracy beside full prefill's, and KL."""
+    out = ["Where accuracy is lost (task accuracy vs full prefill's; mean first-token KL):\n"]
+    names = [n for n in report["workloads"]["rag-1k"]["systems"] if n != "full prefill"]
+    for name in names:
+        parts = []
+        for workload in TITLES:
+            rows = report["workloads"][workload]["systems"]
+            s, full = rows[name], rows["full prefill"]
+            parts.append(
+                f"{workload} {_pct(s['accuracy_pct'])} vs {_pct(full['accuracy_pct'])} "
+                f"(KL {_num(s['mean_kl'])})"
+            )
+        out.append(f"- {name}: " + ", ".join(parts))
+    return [*out, ""]
+
+
+def _rag_line(name: str, s: dict[str, Any]) -> str:
+    floor = "-" if s["vs_floor"] is None else f"{s['vs_floor']:.2f}x"
+    return (
+        f"| {name} | {s['median_ttft_ms']:.0f} | {s['p90_ttft_ms']:.0f} | {s['speedup']:.2f}x "
+        f"| {floor} | {_pct(s['top1_agreement_pct'])} | {_num(s['mean_kl'])} "
+        f"| {_pct(s['greedy16_match_pct'])} | {_pct(s['accuracy_pct'])} | {_pct(s['reuse_pct'])} "
+        f"| {_num(s['decode_tok_s'], 1)} | {_num(s['peak_request_mib'], 0)} |"
+    )
+
+
+def _cold(cold: dict[str, Any]) -> list[str]:
+    out = [
+        f"**Cold start**: {cold['queries']} prompts of {cold['passages_per_prompt']} passages "
+        f"no system had seen (median {cold['median_prompt_tokens']:.0f} tokens)\n",
+        "| system | median TTFT ms | p90 | speed-up | request peak MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in cold["systems"].items():
+        out.append(
+            f"| {name} | {s['median_ttft_ms']:.0f} | {s['p90_ttft_ms']:.0f} | "
+            f"{s['speedup']:.2f}x | {_num(s['peak_request_mib'], 0)} |"
+        )
+    return [*out, ""]
+
+
+def _chat(chat: dict[str, Any]) -> list[str]:
+    out = [
+        f"**6-turn chat**: every turn holds the whole history; median over turns of "
+        f"{chat['repeats']} replay(s), each beside a full prefill of the same tokens\n",
+        "| system | median TTFT ms | p90 | full prefill ms | speed-up | history reused "
+        "| same output as full prefill |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in chat["systems"].items():
+        out.append(
+            f"| {name} | {s['median_ttft_ms']:.0f} | {s['p90_ttft_ms']:.0f} | "
+            f"{s['full_prefill_ttft_ms']:.0f} | {s['speedup']:.2f}x | {_pct(s['reuse_pct'])} | "
+            f"{_pct(s['identical_output_pct'])} |"
+        )
+    return [*out, ""]
+
+
+def _warm(report: dict[str, Any]) -> list[str]:
+    out = [
+        "Warming the RAG pool before the RAG workloads (not in any TTFT): "
+        + "; ".join(f"{n} {w['seconds']:.1f} s" for n, w in report["warm"].items())
+        + ". KV held after the RAG and popular workloads: "
+        + "; ".join(f"{n} {mib:.0f} MiB" for n, mib in report["cache_mib"].items())
+        + "."
+    ]
+    peer = report.get("peer")
+    if peer:
+        out.append(
+            f"\nPeer: kvboost {peer['version']} with its defaults ({peer['chunk_size']}-token "
+            f"chunks, {peer['recompute_strategy']} repair). Its own `ttft_ms` starts after "
+            f"cache assembly and repair (median {peer['self_reported_median_ttft_ms']:.0f} ms "
+            "here); the tables time it from the call, like every other system."
+        )
+    for name, why in report["not_run"].items():
+        out.append(f"\n{name}: {why}.")
+    return [*out, ""]
+
+
+def print_bench(report: dict[str, Any]) -> None:
+    print(bench_markdown(report, report.get("chart")))
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> None:
     for path in argv if argv is not None else sys.argv[1:]:
         report = json.loads(Path(path).read_text())
         print(f"<!-- {Path(path).name} -->")
-        print(chat_table(report) if "turns" in report else rag_tables(report))
+        if "workloads" in report:
+            print(bench_markdown(report, str(Path(path).with_name("bench.png"))))
+        else:
+            print(chat_table(report) if "turns" in report else rag_tables(report))
 
 
 if __name__ == "__main__":

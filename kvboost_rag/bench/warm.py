@@ -27,8 +27,9 @@ import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.bench import rag
-from kvboost_rag.bench.baseline import full_prefill, median, write_report
+from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.corpus import FactPassage, passages
+from kvboost_rag.bench.metrics import median
 
 UNIT_TOKENS = 140
 
