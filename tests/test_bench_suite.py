@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.bench import suite
 from kvboost_rag.bench.chart import draw
-from kvboost_rag.bench.report import bench_markdown
+from kvboost_rag.bench.report import END, START, bench_markdown, update_readme
 from kvboost_rag.bench.systems import machine
 from kvboost_rag.cli import main
 
@@ -71,10 +71,17 @@ def test_bench_run_covers_every_workload_and_system(tiny_dir: Path, tmp_path: Pa
     assert chat["exact prefix cache"]["identical_output_pct"] == 100  # fp32, exact reuse
     peers = [n for n in rows if n.startswith("kvboost")]
     assert peers or report["not_run"], "the peer either ran or says why not"
-    json.dumps(report)  # what bench.json will hold
     markdown = bench_markdown(report, "bench.png")
     assert all(f"| {name} |" in markdown for name in systems + peers)
-    assert draw(report, tmp_path / "bench.png").stat().st_size > 0
+    assert draw(report, tmp_path / "docs" / "bench.png").stat().st_size > 0
+    (tmp_path / "docs" / "bench.json").write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n{START}\nold numbers\n{END}\n## Next\n")
+    update_readme(readme, tmp_path / "docs" / "bench.json")
+    text = readme.read_text()
+    assert "old numbers" not in text and text.endswith(f"{END}\n## Next\n")
+    assert "![TTFT and task accuracy per system](docs/bench.png)" in text
+    assert "| balanced |" in text and "kvboost-rag bench (test)" in text
 
 
 def test_cli_warm_folder_then_again_from_disk(

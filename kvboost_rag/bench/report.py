@@ -1,12 +1,13 @@
 """Markdown tables from benchmark JSON, so the README's numbers are a run's numbers.
 
-python -m kvboost_rag.bench.report docs/bench/bench.json docs/bench/rag-levels-bfloat16.json ...
+python -m kvboost_rag.bench.report docs/bench/rag-levels-bfloat16.json ...
+python -m kvboost_rag.bench.report --readme README.md docs/bench/bench.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +195,35 @@ def _num(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+START, END = "<!-- bench.json: start -->", "<!-- bench.json: end -->"
+
+
+def update_readme(readme: Path, bench_json: Path) -> None:
+    """Replace what lies between the README's bench markers with ``bench_json``'s tables."""
+    text = readme.read_text(encoding="utf-8")
+    if text.count(START) != 1 or text.count(END) != 1:
+        raise SystemExit(f"{readme} needs one {START!r} and one {END!r} line")
+    report = json.loads(bench_json.read_text())
+    chart = bench_json.with_name("bench.png").relative_to(readme.resolve().parent)
+    head, rest = text.split(START)
+    body = bench_markdown(report, chart.as_posix())
+    readme.write_text(f"{head}{START}\n{body}\n{END}{rest.split(END)[1]}", encoding="utf-8")
+    print(f"updated {readme} from {bench_json}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    for path in argv if argv is not None else sys.argv[1:]:
-        report = json.loads(Path(path).read_text())
-        print(f"<!-- {Path(path).name} -->")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("json", nargs="+", type=Path, help="benchmark JSON files")
+    parser.add_argument("--readme", type=Path, help="rewrite this README's bench section")
+    args = parser.parse_args(argv)
+    for path in args.json:
+        report = json.loads(path.read_text())
+        if "workloads" in report and args.readme:
+            update_readme(args.readme, path.resolve())
+            continue
+        print(f"<!-- {path.name} -->")
         if "workloads" in report:
-            print(bench_markdown(report, str(Path(path).with_name("bench.png"))))
+            print(bench_markdown(report, str(path.with_name("bench.png"))))
         else:
             print(chat_table(report) if "turns" in report else rag_tables(report))
 
