@@ -11,9 +11,9 @@ require("llama_index", "llamaindex")
 
 from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM  # noqa: E402
 from kvboost_rag.integrations.llamaindex.node_parser import KVBoostNodeParser  # noqa: E402
+from kvboost_rag.integrations.llamaindex.prompt_helper import PassagePromptHelper  # noqa: E402
 from kvboost_rag.integrations.llamaindex.synthesis import (  # noqa: E402
     RESPONSE_MODES,
-    PassagePromptHelper,
     PassageSynthesizer,
     mark_nodes,
     passage_query_engine,

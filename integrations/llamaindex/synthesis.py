@@ -11,22 +11,21 @@ lays it out, so a corpus warmed with ``warm_corpus`` is reused as is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core import get_response_synthesizer
 from llama_index.core.base.response.schema import RESPONSE_TYPE
-from llama_index.core.indices.prompt_helper import DEFAULT_PADDING, PromptHelper
-from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
 from llama_index.core.schema import NodeWithScore, QueryType
 from llama_index.core.types import RESPONSE_TEXT_TYPE
 
-from kvboost_rag.core.chunker import CLOSE, OPEN, parse_segments, passage
+from kvboost_rag.core.chunker import passage
 from kvboost_rag.core.errors import KVBoostError
 from kvboost_rag.core.prompts import PASSAGE_SEPARATOR
 from kvboost_rag.integrations.llamaindex.llm import ENGINE_ERRORS, KVBoostLLM
+from kvboost_rag.integrations.llamaindex.prompt_helper import PassagePromptHelper
 
 RESPONSE_MODES = ("compact", "refine", "tree_summarize", "simple_summarize")
 
@@ -45,117 +44,6 @@ def mark_nodes(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
         node.set_content(mark_text(item.node.get_content()))
         marked.append(NodeWithScore(node=node, score=item.score))
     return marked
-
-
-class _ModelTokens:
-    """The model's token ids for text as the engine sees it (markers removed)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def __call__(self, text: str) -> list[int]:
-        plain = text.replace(OPEN, "").replace(CLOSE, "")
-        return list(self.tokenizer(plain, add_special_tokens=False)["input_ids"])
-
-
-class PassagePromptHelper(PromptHelper):
-    """Packs and truncates text chunks at passage boundaries only, never inside a passage.
-
-    ``repack`` (compact, refine, tree_summarize) groups whole passages into as few chunks
-    as fit the window; ``truncate`` (simple_summarize) drops the passages that do not fit.
-    A passage longer than the room stays whole in a chunk of its own (the engine raises
-    ``ContextWindowError`` if it cannot fit the model). Chunks without passages (tree
-    summaries) go through LlamaIndex's own splitting.
-    """
-
-    @classmethod
-    def from_llm(cls, llm: KVBoostLLM, **kwargs: Any) -> PassagePromptHelper:
-        meta = llm.metadata
-        return cls(
-            context_window=meta.context_window - _template_tokens(llm),
-            num_output=meta.num_output,
-            tokenizer=_ModelTokens(llm.engine.tokenizer),
-            **kwargs,
-        )  # type: ignore[call-arg]
-
-    def repack(
-        self,
-        prompt: BasePromptTemplate,
-        text_chunks: Sequence[str],
-        padding: int = DEFAULT_PADDING,
-        llm: Any = None,
-        tools: Any = None,
-    ) -> list[str]:
-        if not any(OPEN in chunk for chunk in text_chunks):
-            return super().repack(prompt, text_chunks, padding, llm, tools)
-        room = self._get_available_chunk_size(prompt, 1, padding, llm, tools)
-        return _pack(_units(text_chunks), room, self._token_counter.get_string_tokens)
-
-    def truncate(
-        self,
-        prompt: BasePromptTemplate,
-        text_chunks: Sequence[str],
-        padding: int = DEFAULT_PADDING,
-        llm: Any = None,
-        tools: Any = None,
-    ) -> list[str]:
-        if not any(OPEN in chunk for chunk in text_chunks):
-            return super().truncate(prompt, text_chunks, padding, llm, tools)
-        room = self._get_available_chunk_size(prompt, len(text_chunks), padding, llm, tools)
-        count = self._token_counter.get_string_tokens
-        return _JoinedText(_pack(_units([chunk]), room, count)[0] for chunk in text_chunks)
-
-
-class _JoinedText(list):  # type: ignore[type-arg]
-    """simple_summarize formats the list ``truncate`` returns straight into ``context_str``
-    (``str(list)``: brackets, quotes and escaped newlines, so no passage would match its
-    cached tokens). As text, this list is its items joined."""
-
-    def __str__(self) -> str:
-        return "".join(self)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-
-def _template_tokens(llm: KVBoostLLM) -> int:
-    """Tokens a chat template adds around the messages LlamaIndex counts (its default
-    system prompt included), kept free so packed chunks fit the model."""
-    if not llm.metadata.is_chat_model:
-        return 0
-    return len(llm.engine.tokenize_chat([{"role": "user", "content": ""}]))
-
-
-def _units(chunks: Sequence[str]) -> list[str]:
-    """Each marked passage with the text in front of it (a node's metadata header).
-    Whitespace between passages is dropped: each passage already ends with a blank line."""
-    units: list[str] = []
-    for chunk in chunks:
-        lead = ""
-        for segment in parse_segments(chunk):
-            if segment.kind == "passage":
-                units.append((lead if lead.strip() else "") + passage(segment.text))
-                lead = ""
-            else:
-                lead += segment.text
-        if lead.strip():  # text after the last passage, or a chunk without one
-            units.append(lead.strip() + PASSAGE_SEPARATOR)
-    return units
-
-
-def _pack(units: list[str], room: int, count: Callable[[str], int]) -> list[str]:
-    """Consecutive units joined into chunks of at most ``room`` tokens, in order."""
-    chunks: list[str] = []
-    current, used = "", 0
-    for unit in units:
-        size = count(unit)
-        if current and used + size > room:
-            chunks.append(current)
-            current, used = "", 0
-        current, used = current + unit, used + size
-    if current or not chunks:
-        chunks.append(current)
-    return chunks
 
 
 class PassageSynthesizer(BaseSynthesizer):
