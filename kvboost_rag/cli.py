@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 from kvboost_rag.bench import chat as chat_bench
 from kvboost_rag.bench import rag as rag_bench
@@ -23,48 +20,10 @@ BENCHES: dict[str, Callable[[list[str]], None]] = {
 }
 
 
-def _line(result: Any, base: Any) -> str:
-    return (
-        f"  TTFT {result.ttft_ms:6.1f} ms | full prefill {base.ttft_ms:6.1f} ms | "
-        f"reused {result.reused_tokens}/{result.prompt_tokens} prompt tokens "
-        f"({100 * result.kv_reuse_ratio:.0f}%), passages hit {result.passages_hit}"
-    )
-
-
 def demo(args: argparse.Namespace) -> None:
-    """A conversation, then questions over essay passages retrieved in changing orders:
-    each answer with its TTFT, the share of the prompt served from cache, and a
-    full-prefill TTFT of the same tokens beside it."""
-    from kvboost_rag import KVBoost
-    from kvboost_rag.bench.baseline import full_prefill
-    from kvboost_rag.bench.corpus import fact_passages, passages
+    from kvboost_rag.demo import demo as run_demo
 
-    engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)
-    print(f"model {args.model} ({engine.model.dtype}), fidelity {engine.config.fidelity}\n")
-    print("== multi-turn chat (history reused exactly) ==")
-    messages = [{"role": "system", "content": chat_bench.SYSTEM}]
-    for question in chat_bench.QUESTIONS[: args.turns]:
-        messages.append({"role": "user", "content": question})
-        result = engine.chat(messages, max_new_tokens=args.max_new_tokens)
-        base = full_prefill(engine.model, partial(engine.tokenize_chat, messages), 1)
-        print(f"user: {question}\nassistant: {result.text.strip()}\n{_line(result, base)}\n")
-        messages.append({"role": "assistant", "content": result.text})
-
-    print("== RAG over Paul Graham essay passages (each passage's KV reused) ==")
-    pool = fact_passages(passages(engine.tokenizer, 140, 24), seed=0)
-    start = time.perf_counter()
-    warmed = engine.warm_passages([p.text for p in pool])
-    print(
-        f"warmed {warmed.passages} passages ({warmed.tokens} tokens) in "
-        f"{time.perf_counter() - start:.1f} s\n"
-    )
-    for docs, target in rag_bench.queries(pool, 7, args.questions, seed=1):
-        rag_messages = rag_bench.messages_for(docs, target.question)
-        result = engine.chat(rag_messages, max_new_tokens=16)
-        base = full_prefill(engine.model, partial(engine.tokenize_chat, rag_messages), 1)
-        print(f"Q: {target.question} (expected {target.answer})\nA: {result.text.strip()}")
-        print(_line(result, base) + "\n")
-    print(engine.stats().cache)
+    run_demo(args)
 
 
 def warm_folder(args: argparse.Namespace) -> None:
@@ -93,9 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("demo", help="chat and RAG on the embedded model, with timings")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--questions", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--chunks", type=int, default=96, help="essay chunks to index and warm")
+    p.add_argument("--chunk-tokens", type=int, default=200)
+    p.add_argument("--questions", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=40)
     p.set_defaults(func=demo)
     # Listed for --help only: main() hands bench's arguments to the workload's own parser,
     # so options and their values pass through whatever they look like.
