@@ -78,10 +78,12 @@ def popular_queries(
     return out
 
 
-def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, float]:
-    """Full prefill (timed like a user would see it, its first-token logits kept) and the
-    floor: a forward pass of only the question's tokens over a ready cache of the rest."""
-    run = full_prefill(model, lambda: engine.tokenize_chat(messages), NEW_TOKENS, logits=True)
+def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, PeakMemory, float]:
+    """Full prefill (timed like a user would see it, its first-token logits and peak memory
+    kept) and the floor: a forward pass of only the question's tokens over a ready cache of
+    the rest."""
+    with PeakMemory(model.device) as peak:
+        run = full_prefill(model, lambda: engine.tokenize_chat(messages), NEW_TOKENS, True)
     prompt = engine._prompts.chat(messages)  # the spans tell where the question starts
     tail = prompt.passages[-1][1]
     ids = torch.tensor([prompt.tokens], device=model.device)
@@ -90,7 +92,7 @@ def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, float]:
         start = time.perf_counter()
         model(ids[:, tail:], cache=out.past_key_values, logits_to_keep=1).logits[0, -1].argmax()
         floor = (time.perf_counter() - start) * 1e3
-    return run, floor
+    return run, peak, floor
 
 
 def run_queries(
@@ -103,8 +105,7 @@ def run_queries(
     floors, lengths = [], []
     for docs, target in batch:
         messages = messages_for(docs, target.question)
-        with PeakMemory(base.model.device) as peak:
-            ref, floor = reference(base.model, base, messages)
+        ref, peak, floor = reference(base.model, base, messages)
         assert ref.first_logits is not None
         floors.append(floor)
         lengths.append(len(base.tokenize_chat(messages)))
@@ -173,7 +174,8 @@ def print_table(title: str, size: dict[str, Any]) -> None:
     for name, s in size["systems"].items():
         print(
             f"{name:<27}{s['median_ttft_ms']:>9.1f}{s['p90_ttft_ms']:>9.1f}{s['speedup']:>8.2f}x"
-            f"{_fmt(s['vs_floor'], '>7.2f')}x{_fmt(s['top1_agreement_pct'], '>6.0f')}"
+            f"{_fmt(s['vs_floor'], '>7.2f')}{' ' if s['vs_floor'] is None else 'x'}"
+            f"{_fmt(s['top1_agreement_pct'], '>6.0f')}"
             f"{_fmt(s['mean_kl'], '>7.3f')}{_fmt(s['greedy16_match_pct'], '>8.0f')}"
             f"{_fmt(s['accuracy_pct'], '>5.0f')}{_fmt(s['reuse_pct'], '>7.0f')}"
             f"{_fmt(s['decode_tok_s'], '>6.1f')}{_fmt(s['peak_request_mib'], '>6.0f')}"
