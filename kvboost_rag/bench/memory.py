@@ -57,7 +57,7 @@ class PeakMemory:
             self._done((_kib("VmHWM") or 0) * 1024)
 
     def _done(self, peak: int) -> None:
-        self.mib = (peak - self._start) / 2**20
+        self.mib = max(0, peak - self._start) / 2**20  # RSS can fall below the start
         self.total_mib = peak / 2**20
 
 
