@@ -15,7 +15,7 @@ def draw(report: dict[str, Any], path: Path) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
     except ImportError as err:
         raise ImportError("the chart needs: pip install 'kvboost-rag[examples]'") from err
     names = list(report["workloads"]["rag-1k"]["systems"])
@@ -35,6 +35,7 @@ def draw(report: dict[str, Any], path: Path) -> Path:
         ax.set_xlabel(label)
         ax.grid(axis="x", alpha=0.3)
     left.set_xscale("log")
+    left.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     left.xaxis.set_major_formatter(ScalarFormatter())
     left.xaxis.set_minor_formatter(NullFormatter())
     right.set_xlim(0, 100)
