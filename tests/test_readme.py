@@ -22,3 +22,12 @@ def test_readme_has_python_blocks() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in README.read_text()
+
+
+def test_readme_langchain_table_equals_its_json() -> None:
+    import json
+
+    from kvboost_rag.bench.langchain_rag import table
+
+    saved = README.parent / "docs" / "bench" / "langchain-bfloat16.json"
+    assert table(json.loads(saved.read_text())) in README.read_text()
