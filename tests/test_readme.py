@@ -31,3 +31,12 @@ def test_readme_langchain_table_equals_its_json() -> None:
 
     saved = README.parent / "docs" / "bench" / "langchain-bfloat16.json"
     assert table(json.loads(saved.read_text())) in README.read_text()
+
+
+def test_readme_llamaindex_table_equals_its_json() -> None:
+    import json
+
+    from kvboost_rag.bench.llamaindex_reuse import table
+
+    saved = README.parent / "docs" / "bench" / "llamaindex.json"
+    assert table(json.loads(saved.read_text())) in README.read_text()

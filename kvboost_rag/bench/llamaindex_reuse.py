@@ -15,6 +15,7 @@ first delta can trail its first token).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -197,6 +198,23 @@ def print_row(mode: str, r: dict[str, Any]) -> None:
     )
 
 
+def table(report: dict[str, Any]) -> str:
+    """The report as the README's markdown table."""
+    lines = [
+        "| mode | LLM calls | passages | from cache | reused / passage tokens "
+        "| reused / prompt tokens | TTFT ms | HuggingFaceLLM ms | generate ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, r in report["modes"].items():
+        lines.append(
+            f"| {mode} | {r['llm_calls']} | {r['passages']} "
+            f"| {r['passages_from_cache_pct']:.0f}% | {r['reused_of_passage_tokens_pct']:.0f}% "
+            f"| {r['kv_reused_of_prompt_pct']:.0f}% | {r['kvboost_ttft_ms']:.0f} "
+            f"| {r['huggingface_llm_ttft_ms']:.0f} | {r['generate_first_token_ms']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -206,7 +224,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="TTFT samples per mode")
     parser.add_argument("--out", default="docs/bench")
+    parser.add_argument("--show", type=Path, help="print the table of a saved JSON and exit")
     args = parser.parse_args(argv)
+    if args.show:
+        print(table(json.loads(args.show.read_text())))
+        return
     print(HEADER)
     report = run(args)
     write_report(Path(args.out), "llamaindex.json", report)
