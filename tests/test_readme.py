@@ -40,3 +40,15 @@ def test_readme_llamaindex_table_equals_its_json() -> None:
 
     saved = README.parent / "docs" / "bench" / "llamaindex.json"
     assert table(json.loads(saved.read_text())) in README.read_text()
+
+
+def test_readme_bench_section_equals_bench_json(tmp_path: Path) -> None:
+    from kvboost_rag.bench.report import update_readme
+
+    copy = tmp_path / "README.md"
+    copy.write_text(README.read_text())
+    (tmp_path / "docs" / "bench").mkdir(parents=True)
+    saved = README.parent / "docs" / "bench" / "bench.json"
+    (tmp_path / "docs" / "bench" / "bench.json").write_text(saved.read_text())
+    update_readme(copy, tmp_path / "docs" / "bench" / "bench.json")
+    assert copy.read_text() == README.read_text()
