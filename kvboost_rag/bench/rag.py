@@ -90,7 +90,7 @@ def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, PeakMem
     with torch.inference_mode():
         out = model(ids[:, :tail], use_cache=True, logits_to_keep=1)
         start = time.perf_counter()
-        model(ids[:, tail:], cache=out.past_key_values, logits_to_keep=1).logits[0, -1].argmax()
+        model(ids[:, tail:], cache=out.cache, logits_to_keep=1).logits[0, -1].argmax()
         floor = (time.perf_counter() - start) * 1e3
     return run, peak, floor
 
