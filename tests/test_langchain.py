@@ -255,10 +255,14 @@ def test_splitter_chunks_are_whole_kv_units(engine: KVBoost, tokenizer) -> None:
         KVBoostTextSplitter(tokenizer)
 
 
-def test_token_counts_use_the_models_tokenizer(chat: ChatKVBoost, tokenizer) -> None:
+def test_token_counts_and_tracing_params(chat: ChatKVBoost, llm: KVBoostLLM, tokenizer) -> None:
     text = "Hello there"
-    assert chat.get_num_tokens(text) == len(tokenizer(text, add_special_tokens=False).input_ids)
-    assert chat._get_ls_params()["ls_provider"] == "kvboost_rag"
+    expected = len(tokenizer(text, add_special_tokens=False).input_ids)
+    assert chat.get_num_tokens(text) == llm.get_num_tokens(text) == expected
+    assert chat._get_ls_params()["ls_model_type"] == "chat"
+    params = llm._get_ls_params(stop=["x"], max_tokens=3)
+    assert params["ls_model_type"] == "llm" and params["ls_provider"] == "kvboost_rag"
+    assert (params["ls_stop"], params["ls_max_tokens"]) == (["x"], 3)
 
 
 def test_lcel_format_passages_marks_retrieved_documents(chat: ChatKVBoost, engine: KVBoost) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -29,6 +29,7 @@ class KVBoostFields(BaseModel):
     """Model, sampling and reuse settings; every field is used, none is decorative."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    _ls_model_type: ClassVar[str] = "chat"  # LangSmith's model type: "chat" or "llm"
 
     model_id: str = Field(
         default=DEFAULT_MODEL,
@@ -131,9 +132,24 @@ class KVBoostFields(BaseModel):
     def _stats(self, result: GenerationResult) -> dict[str, Any]:
         return {"model_name": self.model_id, **result_stats(result)}
 
-    def _ls_base(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    # Methods both LangChain base classes define; this class comes first in the MRO.
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "fidelity": self.kv_engine.config.fidelity,
+            **self._sampling(),
+        }
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's own token ids (LangChain's default would fetch GPT-2's tokenizer)."""
+        return list(self.kv_engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params: dict[str, Any] = {
             "ls_provider": "kvboost_rag",
+            "ls_model_type": self._ls_model_type,
             "ls_model_name": kwargs.get("model") or self.model_id,
             "ls_temperature": kwargs.get("temperature", self.temperature),
             "ls_max_tokens": kwargs.get("max_tokens", self.max_tokens),
@@ -142,7 +158,3 @@ class KVBoostFields(BaseModel):
         if stops:
             params["ls_stop"] = list(stops)
         return params
-
-    def _token_ids(self, text: str) -> list[int]:
-        ids = self.kv_engine.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids)

@@ -52,19 +52,7 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
     def _llm_type(self) -> str:
         return "kvboost-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_id": self.model_id,
-            "fidelity": self.kv_engine.config.fidelity,
-            **self._sampling(),
-        }
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return {**self._ls_base(stop, kwargs), "ls_model_type": "chat"}
-
-    def get_token_ids(self, text: str) -> list[int]:
-        return self._token_ids(text)
+    _ls_model_type = "chat"
 
     def _generate(
         self,

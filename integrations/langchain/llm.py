@@ -37,19 +37,7 @@ class KVBoostLLM(KVBoostFields, BaseLLM):
     def _llm_type(self) -> str:
         return "kvboost"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_id": self.model_id,
-            "fidelity": self.kv_engine.config.fidelity,
-            **self._sampling(),
-        }
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return {**self._ls_base(stop, kwargs), "ls_model_type": "llm"}
-
-    def get_token_ids(self, text: str) -> list[int]:
-        return self._token_ids(text)
+    _ls_model_type = "llm"
 
     def _generate(
         self,
