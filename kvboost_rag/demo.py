@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from kvboost_rag.bench.baseline import first_token_ms
 from kvboost_rag.bench.langchain_rag import (
     essay_documents,
     minilm_embeddings,
@@ -27,16 +28,6 @@ QUESTIONS = [
     "Why do big companies move slowly?",
     "What makes a programmer productive?",
 ]
-
-
-def first_token_ms(start: float, deltas: Iterator[str]) -> tuple[float, str]:
-    """TTFT (ms since ``start``) of a stream of text deltas, and the whole text."""
-    ttft, parts = None, []
-    for delta in deltas:
-        if delta:
-            ttft = ttft or (time.perf_counter() - start) * 1e3
-            parts.append(delta)
-    return ttft or (time.perf_counter() - start) * 1e3, "".join(parts)
 
 
 def llamaindex_engines(engine: KVBoost, docs: list[Any], max_tokens: int) -> tuple[Any, Any]:

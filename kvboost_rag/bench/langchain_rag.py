@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.bench.baseline import write_report
+from kvboost_rag.bench.baseline import first_token_ms, write_report
 from kvboost_rag.bench.corpus import essay_texts
 
 QUESTION_PREFIX = "What do the documents say about this: "
@@ -84,13 +84,8 @@ def reordered_pair(retriever: Any, seed_question: str) -> tuple[str, str, list[s
 def stream_first_token(chain: Any, question: str) -> tuple[float, str]:
     """TTFT (ms) of the answer streamed by the chain, and the answer."""
     start = time.perf_counter()
-    ttft, parts = None, []
-    for event in chain.stream({"input": question}):
-        chunk = event.get("answer")
-        if chunk:
-            ttft = ttft or (time.perf_counter() - start) * 1e3
-            parts.append(chunk)
-    return ttft or (time.perf_counter() - start) * 1e3, "".join(parts)
+    answers = (event.get("answer") for event in chain.stream({"input": question}))
+    return first_token_ms(start, answers)
 
 
 def hf_chat_model(engine: KVBoost, max_tokens: int) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
-from kvboost_rag.bench.baseline import full_prefill, write_report
+from kvboost_rag.bench.baseline import first_token_ms, full_prefill, write_report
 from kvboost_rag.bench.corpus import passages
 from kvboost_rag.core.chunker import CLOSE, OPEN, parse_segments
 
@@ -64,11 +64,8 @@ def time_first_delta(llm: Any, prompt: str) -> float:
     """Wall ms from ``stream_complete`` to its first non-empty delta; the rest is drained
     so the next call starts on an idle model."""
     start = time.perf_counter()
-    first = float("nan")
-    for chunk in llm.stream_complete(prompt, formatted=True):
-        if chunk.delta and first != first:
-            first = (time.perf_counter() - start) * 1e3
-    return first
+    deltas = (chunk.delta for chunk in llm.stream_complete(prompt, formatted=True))
+    return first_token_ms(start, deltas)[0]
 
 
 def passage_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[int, int]:
