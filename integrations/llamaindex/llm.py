@@ -111,7 +111,7 @@ class KVBoostLLM(CustomLLM):
         fields["context_window"] = window
         if fields.get("is_chat_model") is None:
             fields["is_chat_model"] = getattr(engine.tokenizer, "chat_template", None) is not None
-        fields.setdefault("model_name", _model_name(engine))
+        fields.setdefault("model_name", engine.name)
         super().__init__(**fields)
         self._engine = engine
 
@@ -283,7 +283,3 @@ def _as_chat(chunks: Iterator[CompletionResponse]) -> Generator[ChatResponse, No
 
 def _engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     return [{"role": m.role.value, "content": m.content or ""} for m in messages]
-
-
-def _model_name(engine: KVBoost) -> str:
-    return str(getattr(engine.model.config, "name_or_path", "") or type(engine.model).__name__)
