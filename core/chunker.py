@@ -3,12 +3,17 @@
 Integrations and users wrap passages with ``passage(text)``; ``parse_segments`` finds the
 markers and removes them, so markers never reach the model. Tokenizing every segment on
 its own makes a passage's tokens identical in every prompt and in ``warm_corpus()``.
+
+A passage's identity is its text. Whitespace at its edges, separators, numbering and
+headers around it are layout: they are tokenized as fixed text between passages, so the
+same passage is found whatever surrounds it. This module is the one place that lays out a
+list of passages (``format_passages``) and the one place that knows what a passage is.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +23,10 @@ OPEN = "\u27e6kvboost:passage\u27e7"
 CLOSE = "\u27e6/kvboost:passage\u27e7"
 _MARKER = re.compile(re.escape(OPEN) + "|" + re.escape(CLOSE))
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+_EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.DOTALL)
+
+# What ``format_passages`` puts after each passage, outside its marker: layout, not content.
+PASSAGE_SEPARATOR = "\n\n"
 
 
 class MarkerError(KVBoostError, ValueError):
@@ -31,6 +40,20 @@ def passage(text: str) -> str:
     return f"{OPEN}{text}{CLOSE}"
 
 
+def format_passages(texts: Sequence[str]) -> str:
+    """Passages marked for reuse, each followed by a blank line: how the engine's
+    ``passages=``, the integrations' document helpers and the benchmarks lay out a list of
+    retrieved passages. Any other layout finds the same cached passages."""
+    return "".join(passage(text) + PASSAGE_SEPARATOR for text in texts)
+
+
+def edges(text: str) -> tuple[str, str, str]:
+    """``(leading whitespace, content, trailing whitespace)`` of a passage."""
+    match = _EDGES.match(text)
+    assert match is not None  # the pattern matches any string
+    return match.group(1), match.group(2), match.group(3)
+
+
 @dataclass(frozen=True)
 class Segment:
     kind: Literal["text", "passage"]
@@ -38,7 +61,9 @@ class Segment:
 
 
 def parse_segments(prompt: str) -> list[Segment]:
-    """Split ``prompt`` at passage markers. Raises ``MarkerError`` naming the offset."""
+    """Split ``prompt`` at passage markers. Whitespace at a passage's edges goes to the text
+    around it; neighbouring text joins into one segment. Raises ``MarkerError`` naming the
+    offset of an unclosed, nested or stray marker."""
     segments: list[Segment] = []
     cursor, open_at = 0, -1
     for m in _MARKER.finditer(prompt):
@@ -63,7 +88,15 @@ def parse_segments(prompt: str) -> list[Segment]:
 
 
 def _append(segments: list[Segment], kind: Literal["text", "passage"], text: str) -> None:
-    if text:
+    if kind == "passage":
+        lead, text, trail = edges(text)
+        _append(segments, "text", lead)
+        if text:
+            segments.append(Segment("passage", text))
+        _append(segments, "text", trail)
+    elif text and segments and segments[-1].kind == "text":
+        segments[-1] = Segment("text", segments[-1].text + text)
+    elif text:
         segments.append(Segment(kind, text))
 
 
@@ -95,7 +128,7 @@ def _sentences(text: str) -> list[str]:
 
 
 def _count(tokenizer: Any, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(_ids(tokenizer, text))
 
 
 @dataclass(frozen=True)
@@ -112,18 +145,29 @@ def tokenize_segments(
     """Concatenate each segment's own tokenization after ``prefix`` (e.g. BOS)."""
     tokens = list(prefix)
     spans: list[tuple[int, int]] = []
-    for segment in segments:
-        for ids in _piece_ids(segment, tokenizer, max_passage_tokens):
-            if segment.kind == "passage" and ids:
-                spans.append((len(tokens), len(tokens) + len(ids)))
-            tokens.extend(ids)
+    for kind, ids in _pieces(segments, tokenizer, max_passage_tokens):
+        if kind == "passage" and ids:
+            spans.append((len(tokens), len(tokens) + len(ids)))
+        tokens.extend(ids)
     return TokenizedPrompt(tokens, spans)
 
 
-def _piece_ids(segment: Segment, tokenizer: Any, max_passage_tokens: int) -> list[list[int]]:
-    """Token ids of a segment's pieces; tokenized once unless a passage needs splitting."""
-    ids = list(tokenizer(segment.text, add_special_tokens=False)["input_ids"])
-    if segment.kind == "text" or len(ids) <= max_passage_tokens:
-        return [ids]
-    pieces = split_passage(segment.text, tokenizer, max_passage_tokens)
-    return [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pieces]
+def _pieces(
+    segments: Sequence[Segment], tokenizer: Any, max_passage_tokens: int
+) -> Iterator[tuple[str, list[int]]]:
+    """``(kind, token ids)`` of every piece: a long passage becomes sentence-aligned pieces,
+    the whitespace between them fixed text, as if each piece had been marked alone."""
+    for segment in segments:
+        ids = _ids(tokenizer, segment.text)
+        if segment.kind == "text" or len(ids) <= max_passage_tokens:
+            yield segment.kind, ids
+            continue
+        for piece in split_passage(segment.text, tokenizer, max_passage_tokens):
+            lead, core, trail = edges(piece)
+            for kind, text in (("text", lead), ("passage", core), ("text", trail)):
+                if text:
+                    yield kind, _ids(tokenizer, text)
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

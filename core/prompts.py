@@ -5,20 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvboost_rag.core.chunker import TokenizedPrompt, parse_segments, passage, tokenize_segments
+from kvboost_rag.core.chunker import (
+    TokenizedPrompt,
+    format_passages,
+    parse_segments,
+    tokenize_segments,
+)
 from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError
 
 Message = dict[str, str]
-
-# Ends every passage marked by ``format_passages``. It sits inside the marker so it is
-# cached with the passage: fixed text between passages would otherwise be recomputed.
-PASSAGE_SEPARATOR = "\n\n"
-
-
-def format_passages(texts: Sequence[str]) -> str:
-    """Passages marked for reuse, each followed by a blank line: the one way the engine,
-    ``warm_passages`` and the integrations lay out a list of retrieved passages."""
-    return "".join(passage(text + PASSAGE_SEPARATOR) for text in texts)
 
 
 class PromptEncoder:
@@ -37,8 +32,9 @@ class PromptEncoder:
         return self._checked(format_passages(passages or []) + prompt, self.special_prefix)
 
     def passages(self, texts: Sequence[str] | str) -> list[list[int]]:
-        """Token ids of each passage (piece) to warm: a list of texts laid out as
-        ``format_passages`` lays them out, or the marked passages of one prompt string."""
+        """Token ids of each passage (piece) to warm: each text of a list is one passage
+        (layout around it does not matter), a string is a prompt whose marked passages
+        are taken."""
         marked = texts if isinstance(texts, str) else format_passages(texts)
         segments = [s for s in parse_segments(marked) if s.kind == "passage"]
         prompt = tokenize_segments(segments, self.tokenizer, [], self.max_passage_tokens)

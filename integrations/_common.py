@@ -12,10 +12,9 @@ import importlib.util
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from kvboost_rag.core.chunker import split_passage
+from kvboost_rag.core.chunker import format_passages, split_passage
 from kvboost_rag.core.config import FIDELITY_LEVELS, KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.prompts import PASSAGE_SEPARATOR, format_passages
 from kvboost_rag.core.result import GenerationResult
 from kvboost_rag.warm import document_text
 
@@ -106,17 +105,14 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
 
 def documents_as_passages(documents: Sequence[Any]) -> str:
     """Documents (strings, LangChain Documents, LlamaIndex nodes) as marked passages, laid
-    out exactly as ``warm_corpus`` warms them, so a warmed corpus is reused as is."""
+    out as ``format_passages`` lays them out."""
     return format_passages([document_text(doc, i) for i, doc in enumerate(documents)])
 
 
 def split_into_units(text: str, tokenizer: Any, max_passage_tokens: int) -> list[str]:
-    """``text`` cut at sentence boundaries into pieces the engine caches whole: each piece,
-    with the separator ``format_passages`` adds, fits ``max_passage_tokens``."""
-    room = max_passage_tokens - len(
-        tokenizer(PASSAGE_SEPARATOR, add_special_tokens=False)["input_ids"]
-    )
-    return [piece for piece in split_passage(text, tokenizer, max(room, 1)) if piece.strip()]
+    """``text`` cut at sentence boundaries into pieces the engine caches whole: each piece
+    fits ``max_passage_tokens``. Pieces join back to ``text``."""
+    return [piece for piece in split_passage(text, tokenizer, max_passage_tokens) if piece.strip()]
 
 
 _END = object()

@@ -1,6 +1,6 @@
 """kvboost-rag: compute each passage's attention KV once, reuse it in every later prompt."""
 
-from kvboost_rag.core.chunker import MarkerError, passage
+from kvboost_rag.core.chunker import MarkerError, format_passages, passage
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.errors import (
@@ -9,7 +9,6 @@ from kvboost_rag.core.errors import (
     KVBoostError,
     UnknownModelError,
 )
-from kvboost_rag.core.prompts import format_passages
 from kvboost_rag.core.result import (
     EngineStats,
     GenerationResult,

@@ -68,3 +68,26 @@ def test_long_passages_split_at_sentences_and_rejoin(tokenizer) -> None:
     assert all(len(tokenizer(p.rstrip())["input_ids"]) <= 80 for p in pieces)
     out = tokenize_segments([Segment("passage", text)], tokenizer, [], 80)
     assert len(out.passages) == len(pieces)
+
+
+def test_whitespace_at_a_passage_edge_is_layout() -> None:
+    prompt = "Docs:" + passage("\n  Alpha.  \n") + "\n\n" + passage("Beta.") + " Q?"
+    assert parse_segments(prompt) == [
+        Segment("text", "Docs:\n  "),
+        Segment("passage", "Alpha."),
+        Segment("text", "  \n\n\n"),
+        Segment("passage", "Beta."),
+        Segment("text", " Q?"),
+    ]
+
+
+def test_a_whitespace_only_passage_is_text() -> None:
+    assert parse_segments("a" + passage(" \n ") + "b") == [Segment("text", "a \n b")]
+
+
+def test_split_pieces_keep_no_edge_whitespace(tokenizer) -> None:
+    text = " ".join(f"Sentence number {i} ends here." for i in range(20))
+    out = tokenize_segments([Segment("passage", text)], tokenizer, [], 80)
+    assert tokenizer.decode(out.tokens) == text
+    pieces = [tokenizer.decode(out.tokens[s:e]) for s, e in out.passages]
+    assert all(p == p.strip() and p.endswith(".") for p in pieces)

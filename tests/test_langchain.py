@@ -203,7 +203,7 @@ def test_stuff_documents_prompt_marks_each_document(chat: ChatKVBoost, engine: K
     engine.warm_passages([d.page_content for d in DOCS])
     before = engine.stats().reused_tokens
     chain.invoke({"context": DOCS[::-1], "input": QUESTION})
-    passage_tokens = sum(len(engine.tokenize(format_passages([d]))) for d in DOCS)
+    passage_tokens = sum(len(engine.tokenizer(d.page_content)["input_ids"]) for d in DOCS)
     assert engine.stats().reused_tokens - before >= passage_tokens
 
 

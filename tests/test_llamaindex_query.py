@@ -94,9 +94,9 @@ def test_packing_moves_only_whole_passages(tiny_llm: KVBoostLLM) -> None:
     helper = PassagePromptHelper.from_llm(tiny_llm, chunk_size_limit=500)
     packed = helper.repack(prompt, chunks)
     assert len(packed) == 2  # three ~230-token passages, room for two per chunk
-    assert [p for c in packed for p in passages_in(c)] == [t * 3 + "\n\n" for t in TEXTS]
+    assert [p for c in packed for p in passages_in(c)] == [t * 3 for t in TEXTS]
     truncated = helper.truncate(prompt, ["\n".join(chunks)])
-    assert passages_in(str(truncated)) == [t * 3 + "\n\n" for t in TEXTS[:2]]
+    assert passages_in(str(truncated)) == [t * 3 for t in TEXTS[:2]]
     # LlamaIndex's own helper (counting tiktoken tokens) cuts inside passages.
     plain = PromptHelper(context_window=512, num_output=4, chunk_size_limit=100)
     with pytest.raises(MarkerError):
@@ -120,7 +120,7 @@ async def test_every_mode_reuses_passages(
     first = engine.query(QUESTIONS[0])
     assert all(OPEN not in n.node.get_content() for n in first.source_nodes)
     sent = [p for prompt in recorder.prompts for p in passages_in(prompt)]
-    assert sorted(sent) == sorted(t + "\n\n" for t in TEXTS)  # each node whole, once
+    assert sorted(sent) == sorted(t for t in TEXTS)  # each node whole, once
     assert "['" not in "".join(recorder.prompts)  # text, not a list's repr
 
     recorder.prompts.clear(), recorder.stats.clear()
@@ -160,7 +160,7 @@ def test_prompts_and_long_contexts_through_the_query_engine(
     passage_synthesizer(tiny_llm, **short).synthesize("towers?", nodes)
     assert len(recorder.prompts) >= 2
     sent = [p for prompt in recorder.prompts for p in passages_in(prompt)]
-    assert sorted(sent) == sorted(t * 3 + "\n\n" for t in TEXTS)
+    assert sorted(sent) == sorted(t * 3 for t in TEXTS)
 
 
 @pytest.mark.parametrize("mode", RESPONSE_MODES)

@@ -10,26 +10,25 @@ from langchain_core.documents import Document
 from langchain_core.prompts import PromptTemplate
 from langchain_text_splitters import TextSplitter
 
-from kvboost_rag.core.chunker import CLOSE, OPEN
+from kvboost_rag.core.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.prompts import PASSAGE_SEPARATOR
 from kvboost_rag.integrations._common import documents_as_passages, split_into_units
 
-# ``create_stuff_documents_chain`` joins formatted documents with this; the separator
-# already sits inside each passage, so nothing is added between them.
-PASSAGE_DOCUMENT_SEPARATOR = ""
+# ``create_stuff_documents_chain`` joins formatted documents with this: the blank line
+# ``format_passages`` puts between passages (any other separator finds the same passages).
+PASSAGE_DOCUMENT_SEPARATOR = PASSAGE_SEPARATOR
 
 
 def format_passages(documents: Sequence[Document | str]) -> str:
     """Documents as marked passages, for plain LCEL (``{"context": retriever |
-    format_passages, ...}``). Laid out exactly as ``warm_corpus`` warms them."""
+    format_passages, ...}``): each one marked, followed by a blank line."""
     return documents_as_passages(documents)
 
 
 def passage_document_prompt() -> PromptTemplate:
     """The ``document_prompt`` for ``create_stuff_documents_chain``: each document becomes
     a marked passage. Pass ``document_separator=PASSAGE_DOCUMENT_SEPARATOR`` with it."""
-    return PromptTemplate.from_template(f"{OPEN}{{page_content}}{PASSAGE_SEPARATOR}{CLOSE}")
+    return PromptTemplate.from_template(f"{OPEN}{{page_content}}{CLOSE}")
 
 
 def stuff_documents_kwargs() -> dict[str, Any]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from llama_index.core.indices.prompt_helper import DEFAULT_PADDING, PromptHelper
 from llama_index.core.prompts import BasePromptTemplate
 
-from kvboost_rag.core.chunker import CLOSE, OPEN, parse_segments, passage
-from kvboost_rag.core.prompts import PASSAGE_SEPARATOR
+from kvboost_rag.core.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR, parse_segments, passage
 from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM
 
 
@@ -92,33 +91,43 @@ def _template_tokens(llm: KVBoostLLM) -> int:
     return len(llm.engine.tokenize_chat([{"role": "user", "content": ""}]))
 
 
-def _units(chunks: Sequence[str]) -> list[str]:
-    """Each marked passage with the text in front of it (a node's metadata header).
-    Whitespace between passages is dropped: each passage already ends with a blank line."""
-    units: list[str] = []
+class _Unit(NamedTuple):
+    text: str  # a marked passage with the text in front of it
+    starts_chunk: bool  # the first unit of an input chunk: joined after a blank line
+
+
+def _units(chunks: Sequence[str]) -> list[_Unit]:
+    """Each marked passage with the text in front of it (separators, a node's metadata
+    header); text after a chunk's last passage ends that unit. A chunk's units join back
+    to its text; chunks join with a blank line, as LlamaIndex joins them."""
+    units: list[_Unit] = []
     for chunk in chunks:
-        lead = ""
-        for segment in parse_segments(chunk):
+        lead, first = "", len(units)
+        for segment in parse_segments(chunk.strip()):
             if segment.kind == "passage":
-                units.append((lead if lead.strip() else "") + passage(segment.text))
+                units.append(_Unit(lead + passage(segment.text), len(units) == first))
                 lead = ""
             else:
                 lead += segment.text
-        if lead.strip():  # text after the last passage, or a chunk without one
-            units.append(lead.strip() + PASSAGE_SEPARATOR)
+        if lead and len(units) > first:
+            units[-1] = _Unit(units[-1].text + lead, units[-1].starts_chunk)
+        elif lead:  # a chunk without passages
+            units.append(_Unit(lead, True))
     return units
 
 
-def _pack(units: list[str], room: int, count: Callable[[str], int]) -> list[str]:
+def _pack(units: list[_Unit], room: int, count: Callable[[str], int]) -> list[str]:
     """Consecutive units joined into chunks of at most ``room`` tokens, in order."""
     chunks: list[str] = []
     current, used = "", 0
     for unit in units:
-        size = count(unit)
+        text = PASSAGE_SEPARATOR + unit.text if current and unit.starts_chunk else unit.text
+        size = count(text)
         if current and used + size > room:
             chunks.append(current)
-            current, used = "", 0
-        current, used = current + unit, used + size
+            current, used, text = "", 0, unit.text
+            size = count(text)
+        current, used = current + text, used + size
     if current or not chunks:
         chunks.append(current)
     return chunks

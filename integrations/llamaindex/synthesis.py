@@ -5,8 +5,9 @@ tree_summarize join every node and re-split the text on spaces to fill the windo
 nodes, with overlap), simple_summarize truncates the joined text and refine re-splits each
 node when it does not fit. ``PassageSynthesizer`` marks each node as a passage, and
 ``PassagePromptHelper`` (which all four modes use to pack and truncate) moves only whole
-passages, counting the model's own tokens. The node text is laid out as ``format_passages``
-lays it out, so a corpus warmed with ``warm_corpus`` is reused as is.
+passages, counting the model's own tokens. A passage is the node's text alone (metadata
+headers and separators stay outside it), so a corpus warmed with ``warm_corpus`` is reused
+as is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from llama_index.core.types import RESPONSE_TEXT_TYPE
 
 from kvboost_rag.core.chunker import passage
 from kvboost_rag.core.errors import KVBoostError
-from kvboost_rag.core.prompts import PASSAGE_SEPARATOR
 from kvboost_rag.integrations.llamaindex.llm import ENGINE_ERRORS, KVBoostLLM
 from kvboost_rag.integrations.llamaindex.prompt_helper import PassagePromptHelper
 
@@ -31,8 +31,8 @@ RESPONSE_MODES = ("compact", "refine", "tree_summarize", "simple_summarize")
 
 
 def mark_text(text: str) -> str:
-    """A node's text as one passage, laid out as ``format_passages`` lays it out."""
-    return passage(text + PASSAGE_SEPARATOR)
+    """A node's text as one passage (LlamaIndex puts its own separators between nodes)."""
+    return passage(text)
 
 
 def mark_nodes(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:

@@ -6,8 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvboost_rag.core.chunker import split_passage
-from kvboost_rag.core.prompts import format_passages
+from kvboost_rag.core.chunker import format_passages, split_passage
 from kvboost_rag.essays import essay_texts
 
 NAMES = [
