@@ -15,7 +15,7 @@ from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.repair import RepairPlan, RepairSettings, get_strategy, recompute
 from kvboost_rag.core.result import Timings, elapsed_ms
-from kvboost_rag.core.rope import rerotate, rotation
+from kvboost_rag.core.rope import Rotary, rerotate, rotations
 
 # A prefill over a cached prefix cannot use the causal fast path of scaled_dot_product_
 # attention: transformers passes an explicit mask, measured 1.45x slower per token on CPU
@@ -52,13 +52,13 @@ class ContextBuilder:
         model: Any,
         prefix: PrefixCache,
         passages: PassageCache | None,
-        rotary: Any,
+        rotaries: tuple[Rotary | None, ...],
         repair: RepairSettings | None,
     ) -> None:
         self.model = model
         self.prefix = prefix
         self.passages = passages
-        self.rotary = rotary
+        self.rotaries = rotaries  # per layer (kvboost_rag.core.arch)
         self.repair = repair
 
     def build(self, prompt: TokenizedPrompt, timings: Timings) -> Context:
@@ -126,8 +126,8 @@ class ContextBuilder:
         assert self.passages is not None
         for (start, end), (full_start, _), kv in zip(spans, full, passage_kv):
             skip = start - full_start  # part of the passage already inside the exact prefix
-            rot = rotation(full_start - self.passages.offset, self.rotary, template)
-            for (k, v), (pk, pv) in zip(out, kv):
+            rots = rotations(full_start - self.passages.offset, self.rotaries, template)
+            for (k, v), (pk, pv), rot in zip(out, kv, rots):
                 k[:, :, start:end] = rerotate(pk[:, :, skip : skip + end - start], rot)
                 v[:, :, start:end] = pv[:, :, skip : skip + end - start]
         return out

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.arch import model_support
 from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.context import Context, ContextBuilder
@@ -28,7 +29,6 @@ from kvboost_rag.core.result import (
     WarmResult,
     elapsed_ms,
 )
-from kvboost_rag.core.rope import rotary_embedding
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
 from kvboost_rag.core.tiers import TieredStore
@@ -60,22 +60,19 @@ class KVBoost:
         )
         self._store = TieredStore(self.config.max_cache_bytes, disk)
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
+        self.support = model_support(model)
         self._passages = self._passage_cache()
         repair = self.config.repair_settings() if self._passages is not None else None
-        rotary = rotary_embedding(model)
-        self._context = ContextBuilder(model, self._prefix, self._passages, rotary, repair)
+        rotaries = self.support.rotaries
+        self._context = ContextBuilder(model, self._prefix, self._passages, rotaries, repair)
         self._lock = model_lock(model)
         self._requests = self._prompt_tokens = self._reused_tokens = 0
 
     def _passage_cache(self) -> PassageCache | None:
         if self.config.fidelity == "exact":
             return None
-        if rotary_embedding(self.model) is None:
-            warnings.warn(
-                f"{type(self.model).__name__} has no rotary position embedding, so cached "
-                "passages cannot move to new positions; using exact prefix reuse only",
-                stacklevel=3,
-            )
+        if not self.support.passage_reuse:
+            warnings.warn(f"{self.support.reason}; using exact prefix reuse only", stacklevel=3)
             return None
         anchor = (
             anchor_tokens(self.tokenizer, self._prompts.special_prefix)

@@ -26,3 +26,7 @@ class ContextWindowError(KVBoostError, ValueError):
 
 class UnknownModelError(KVBoostError, ValueError):
     """A model name is neither an embedded alias, a local path nor a usable hub id."""
+
+
+class UnsupportedModelError(KVBoostError, ValueError):
+    """The model's cache is not attention KV that can be reused by position."""

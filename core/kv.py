@@ -50,5 +50,15 @@ def blocks_cache(
 
 
 def to_cache(kv: LayerKV, config: PretrainedConfig) -> DynamicCache:
-    """A fresh ``DynamicCache`` holding ``kv`` (the model may append to it freely)."""
-    return DynamicCache(ddp_cache_data=kv or None, config=config)
+    """A fresh ``DynamicCache`` holding ``kv`` (the model may append to it freely).
+
+    Every layer keeps every position, sliding-window layers too: the engine slices
+    positions out of its caches, scatters repaired KV into them and splices passages in,
+    all by absolute position. Built from ``config``, transformers would make
+    ``DynamicSlidingWindowLayer``s that silently keep only the last window of tokens, so
+    position p of the tensor is no longer token p (Gemma 2/3 and Mistral then reused
+    another token's KV). The model's own sliding-window mask still does the windowing.
+    """
+    layers = config.get_text_config(decoder=True).num_hidden_layers
+    assert not kv or len(kv) == layers, f"{len(kv)} KV layers for a {layers}-layer model"
+    return DynamicCache(ddp_cache_data=kv or None)

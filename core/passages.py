@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from kvboost_rag.core.keys import digest, token_bytes
-from kvboost_rag.core.kv import LayerKV
+from kvboost_rag.core.kv import LayerKV, to_cache
 from kvboost_rag.core.tiers import TieredStore
 
 
@@ -126,8 +126,11 @@ class PassageCache:
     def _encode_batch(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
         a = len(self.anchor)
         ids, mask = self.padded(passages)
-        out = self.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-        layers = out.cache.layers
+        cache = to_cache([], self.model.config)  # full-length layers, sliding ones too
+        self.model(
+            input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        layers = cache.layers
         return [
             [
                 (

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from kvboost_rag.core.arch import model_support
 from kvboost_rag.core.kv import LayerKV, to_cache
 
 
@@ -63,7 +64,7 @@ def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> 
     count = int(round(settings.recompute_ratio * len(reused)))
     if not count:
         return []
-    layers = min(settings.probe_layers or 2, len(model.model.layers))
+    layers = min(settings.probe_layers or 2, len(model_support(model).layers))
     fresh = probe_kv(model, plan, layers)
     layer = layers - 1
     index = torch.tensor(reused, device=fresh[0].device)
@@ -83,7 +84,7 @@ def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
     count = int(round(settings.recompute_ratio * len(reused)))
     if not count:
         return []
-    depth = len(model.model.layers)
+    depth = len(model_support(model).layers)
     score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
     top = score[torch.tensor(reused, device=score.device)].topk(count).indices
     return [reused[i] for i in top.tolist()]
@@ -113,7 +114,7 @@ class _ProbeDone(Exception):
 @contextmanager
 def _first_layers(model: Any, layers: int) -> Iterator[None]:
     """Run only the first ``layers`` decoder layers of the next forward pass."""
-    blocks = model.model.layers
+    blocks = model_support(model).layers
     if layers >= len(blocks):
         yield
         return
@@ -156,9 +157,8 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
     def collect(module: Any, args: Any, output: Any) -> None:
         score.add_(output[1][0, :, :, :tail].float().sum(dim=(0, 1)))
 
-    hooks = [
-        block.self_attn.register_forward_hook(collect) for block in model.model.layers[:layers]
-    ]
+    attention = model_support(model).attention[:layers]
+    hooks = [attn.register_forward_hook(collect) for attn in attention]
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")  # the only implementation that returns weights
     try:
@@ -184,7 +184,9 @@ def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicC
         position_ids=positions[None],
         cache=cache,
         use_cache=True,
-        attention_mask=_mask(positions, n, model.dtype),
+        attention_mask=model_support(model).attention_masks(
+            lambda window: _mask(positions, n, model.dtype, window)
+        ),
         logits_to_keep=1,
     )
     for layer in cache.layers:
@@ -197,14 +199,18 @@ def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicC
     return cache, out.logits[0, -1]
 
 
-def _mask(positions: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+def _mask(positions: torch.Tensor, n: int, dtype: torch.dtype, window: int | None) -> torch.Tensor:
     """Query i (at positions[i]) sees cached positions < positions[i] that are not being
-    recomputed, and recomputed positions <= positions[i]."""
+    recomputed, and recomputed positions <= positions[i]; with a sliding ``window``, only
+    those within its last ``window`` positions."""
     chosen = torch.zeros(n + 1, dtype=torch.bool, device=positions.device)
     chosen[positions] = True
     cached = (torch.arange(n, device=positions.device)[None, :] < positions[:, None]) & ~chosen[:n]
     fresh = positions[None, :] <= positions[:, None]
     allowed = torch.cat([cached, fresh], dim=1)
+    if window is not None:
+        seen = torch.cat([torch.arange(n, device=positions.device), positions])
+        allowed &= seen[None, :] > positions[:, None] - window
     mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
