@@ -6,10 +6,17 @@ and key, so a copied or foreign file is never served. Writes go to a temp file t
 fsynced and renamed into place, so readers (other processes included) see whole files or
 none. A file that fails to parse or whose checksum does not match is removed with a
 warning and reported as a miss, so the caller recomputes it.
+
+Queued writes are drained when the interpreter exits (an ``atexit`` hook per store, held
+through a weak reference): the writer is a daemon thread, and a daemon thread still inside
+torch/safetensors code while the interpreter finalizes aborts the process ("FATAL:
+exception not rethrown"). Draining in ``atexit`` rather than making the writer non-daemon
+adds no idle wait to every exit and gives one place to report a write that failed.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -17,6 +24,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +38,10 @@ from kvboost_rag.core.store import Entry
 
 FORMAT = "kvboost-kv-2"
 _STALE_TEMP_SECONDS = 600  # temp files older than this were left by a killed writer
+_WRITER_IDLE_SECONDS = 5.0  # the writer ends after this long without work (frees the store)
+_STOP = None  # queued to end the writer
+
+_Write = tuple[bytes, tuple[int, ...], LayerKV]
 
 
 @dataclass(frozen=True)
@@ -52,11 +64,13 @@ class DiskStore:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._hits = self._misses = self._corrupt = 0
-        self._queue: queue.Queue[tuple[bytes, tuple[int, ...], LayerKV]] = queue.Queue()
+        self._queue: queue.Queue[_Write | None] = queue.Queue()
         self._writer: threading.Thread | None = None
-        self._failure: OSError | None = None
+        self._failures: list[tuple[Path, Exception]] = []  # raised by flush()
         self._pending: set[bytes] = set()  # queued, not yet written
+        self._closed = False  # after close(), writes are synchronous
         self._remove_stale_temps()
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def path(self, key: bytes) -> Path:
         name = key.hex()
@@ -84,29 +98,65 @@ class DiskStore:
         """Queue a write for the background writer (warming overlaps compute and I/O);
         ``flush()`` waits for queued writes. A queued key reads as absent until written."""
         with self._lock:
-            self._pending.add(key)
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_queued, daemon=True)
-                self._writer.start()
-        self._queue.put((key, tokens, kv))
+            if not self._closed:
+                self._pending.add(key)
+                self._queue.put((key, tokens, kv))  # under the lock: see _write_queued
+                if self._writer is None:
+                    self._writer = threading.Thread(
+                        target=self._write_queued, name="kvboost-disk-writer", daemon=True
+                    )
+                    self._writer.start()
+                return
+        self.put(key, tokens, kv)
 
     def flush(self) -> None:
+        """Wait until queued writes are on disk; raise the first write that failed."""
         self._queue.join()
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+        with self._lock:
+            failures, self._failures = self._failures, []
+        if failures:
+            path, error = failures[0]
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise OSError(f"kvboost-rag: could not write {path}{more}: {error}") from error
+
+    def close(self) -> None:
+        """Write what is queued, then end the writer; later writes are synchronous.
+        Called at interpreter exit; a write that fails then is reported as a warning."""
+        with self._lock:
+            self._closed = True
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                self._queue.put(_STOP)
+        if writer is not None:
+            writer.join()
+        self.flush()
 
     def _write_queued(self) -> None:
         while True:
-            key, tokens, kv = self._queue.get()
             try:
-                self.put(key, tokens, kv)
-            except OSError as error:  # raised to the caller by flush()
-                self._failure = error
-            finally:
-                with self._lock:
-                    self._pending.discard(key)
+                item = self._queue.get(timeout=_WRITER_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:  # put_later and close queue under this lock: none is missed
+                    if self._queue.empty():
+                        # Ending drops the thread's reference, so an unused store is freed.
+                        self._writer = None
+                        return
+                continue
+            if item is _STOP:
                 self._queue.task_done()
+                return
+            self._write(*item)
+
+    def _write(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
+        try:
+            self.put(key, tokens, kv)
+        except Exception as error:  # not swallowed: flush() raises it to the caller
+            with self._lock:
+                self._failures.append((self.path(key), error))
+        finally:
+            with self._lock:
+                self._pending.discard(key)
+            self._queue.task_done()
 
     def put(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
         path = self.path(key)
@@ -179,6 +229,16 @@ class DiskStore:
         for f in self.dir.glob("*/.tmp-*"):
             if now - _mtime(f) > _STALE_TEMP_SECONDS:
                 f.unlink(missing_ok=True)
+
+
+def _close_at_exit(ref: weakref.ref[DiskStore]) -> None:
+    store = ref()
+    if store is None:
+        return
+    try:
+        store.close()
+    except OSError as error:
+        warnings.warn(f"{error}; its KV was not cached", stacklevel=1)
 
 
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:
