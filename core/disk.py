@@ -7,6 +7,12 @@ fsynced and renamed into place, so readers (other processes included) see whole 
 none. A file that fails to parse or whose checksum does not match is removed with a
 warning and reported as a miss, so the caller recomputes it.
 
+The byte budget is kept by an in-memory index of the folder (sizes in least-recently-used
+order), built by one scan when the store opens and updated on each write, read and
+removal, so a write never lists the folder. Other processes may add or remove files
+meanwhile: files found by a read join the index, and the folder is scanned again only
+when the index proves wrong (a file it would evict is already gone).
+
 Queued writes are drained when the interpreter exits (an ``atexit`` hook per store, held
 through a weak reference): the writer is a daemon thread, and a daemon thread still inside
 torch/safetensors code while the interpreter finalizes aborts the process ("FATAL:
@@ -25,6 +31,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +53,7 @@ _Write = tuple[bytes, tuple[int, ...], LayerKV]
 
 @dataclass(frozen=True)
 class DiskStats:
-    entries: int  # files in this model's folder
+    entries: int  # files in this model's folder, as this store tracks them
     bytes: int  # their size
     max_bytes: int  # the budget; oldest-used files are removed past it
     hits: int
@@ -70,6 +77,7 @@ class DiskStore:
         self._pending: set[bytes] = set()  # queued, not yet written
         self._closed = False  # after close(), writes are synchronous
         self._remove_stale_temps()
+        self._index = FolderIndex(self.dir)
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def path(self, key: bytes) -> Path:
@@ -92,6 +100,8 @@ class DiskStore:
         if entry is None or (tokens is not None and entry.tokens != tokens):
             return self._count(None)
         _touch(path)
+        with self._lock:
+            self._index.used(path, len(data))
         return self._count(entry)
 
     def put_later(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
@@ -171,13 +181,21 @@ class DiskStore:
             "layers": str(len(kv)),
             "checksum": _checksum(tensors),
         }
-        _atomic_write(path, tensors, meta)
-        self._enforce_budget()
+        size = _atomic_write(path, tensors, meta)
+        with self._lock:
+            self._index.used(path, size)
+            self._enforce_budget()
 
     def stats(self) -> DiskStats:
-        files = list(self.dir.glob("*/*.safetensors"))
-        size = sum(_size(f) for f in files)
-        return DiskStats(len(files), size, self.max_bytes, self._hits, self._misses, self._corrupt)
+        with self._lock:
+            return DiskStats(
+                len(self._index),
+                self._index.bytes,
+                self.max_bytes,
+                self._hits,
+                self._misses,
+                self._corrupt,
+            )
 
     def _decode(self, key: bytes, data: bytes, path: Path) -> Entry | None:
         try:
@@ -205,6 +223,7 @@ class DiskStore:
         )
         with self._lock:
             self._corrupt += 1
+            self._index.removed(path)
         path.unlink(missing_ok=True)
 
     def _count(self, entry: Entry | None) -> Entry | None:
@@ -216,19 +235,61 @@ class DiskStore:
         return entry
 
     def _enforce_budget(self) -> None:
-        files = [(f, f.stat()) for f in self.dir.glob("*/*.safetensors") if f.exists()]
-        total = sum(s.st_size for _, s in files)
-        for f, st in sorted(files, key=lambda fs: fs[1].st_mtime):
-            if total <= self.max_bytes:
-                break
-            f.unlink(missing_ok=True)  # another process may have removed it first
-            total -= st.st_size
+        """Remove least recently used files until the folder fits; called under the lock."""
+        rescanned = False
+        while self._index.bytes > self.max_bytes and len(self._index):
+            path = self._index.oldest()
+            self._index.removed(path)
+            try:
+                path.unlink()
+            except FileNotFoundError:  # another process removed it: the index is stale
+                if not rescanned:
+                    self._index.scan()
+                    rescanned = True
 
     def _remove_stale_temps(self) -> None:
         now = time.time()
         for f in self.dir.glob("*/.tmp-*"):
             if now - _mtime(f) > _STALE_TEMP_SECONDS:
                 f.unlink(missing_ok=True)
+
+
+class FolderIndex:
+    """Sizes of a store's files, least recently used first. Not locked: its store calls
+    it under the store's lock."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.bytes = 0
+        self._sizes: OrderedDict[Path, int] = OrderedDict()
+        self.scan()
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def scan(self) -> None:
+        """Rebuild from the folder, ordered by mtime (reads touch it, so it is LRU order)."""
+        found: list[tuple[float, Path, int]] = []
+        for path in self.folder.glob("*/*.safetensors"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            found.append((st.st_mtime, path, st.st_size))
+        found.sort()
+        self._sizes = OrderedDict((path, size) for _, path, size in found)
+        self.bytes = sum(self._sizes.values())
+
+    def used(self, path: Path, size: int) -> None:
+        """``path`` (``size`` bytes) was just written or read: the most recently used."""
+        self.bytes += size - self._sizes.pop(path, 0)
+        self._sizes[path] = size
+
+    def removed(self, path: Path) -> None:
+        self.bytes -= self._sizes.pop(path, 0)
+
+    def oldest(self) -> Path:
+        return next(iter(self._sizes))
 
 
 def _close_at_exit(ref: weakref.ref[DiskStore]) -> None:
@@ -260,7 +321,8 @@ def _metadata(data: bytes) -> dict[str, str]:
     return json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
 
 
-def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
+    """Write the file whole or not at all; returns its size."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         os.close(fd)
@@ -268,9 +330,11 @@ def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, 
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
+            size = os.fstat(fd).st_size
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        return size
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -281,13 +345,6 @@ def _touch(path: Path) -> None:
         os.utime(path)  # mtime orders eviction: least recently used goes first
     except FileNotFoundError:
         pass
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _mtime(path: Path) -> float:

@@ -1,5 +1,6 @@
 """The disk tier: persistence, corruption, foreign files, budgets, several processes."""
 
+import os
 import subprocess
 import sys
 import time
@@ -74,11 +75,68 @@ def test_budget_removes_least_recently_used(tmp_path: Path) -> None:
     assert store.stats().bytes <= 2 * size
 
 
+def _folder_bytes(store: DiskStore) -> int:  # os.walk: the test below patches Path.glob
+    return sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(store.dir)
+        for f in files
+        if f.endswith(".safetensors")
+    )
+
+
+def test_budget_holds_over_many_writes_without_listing_the_folder(
+    tmp_path: Path, monkeypatch
+) -> None:
+    store = DiskStore(tmp_path, b"model-a", 10**9)
+    store.put(KEY, (0,) * 5, kv())
+    size = store.path(KEY).stat().st_size
+    store.max_bytes = 5 * size
+    globs = []
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: globs.append(pattern) or iter(()))
+    for i in range(40):
+        store.put(digest(bytes([i])), (i,) * 5, kv())
+        assert store.get(KEY, None) is not None  # read every time: never the one evicted
+        stats = store.stats()
+        assert stats.entries == min(i + 2, 5)
+        assert _folder_bytes(store) == stats.bytes <= store.max_bytes
+    monkeypatch.undo()
+    assert not globs  # neither writes nor stats() listed the folder
+    assert KEY in store and digest(bytes([39])) in store and digest(bytes([30])) not in store
+
+
+def test_second_store_on_the_folder_sees_the_first_ones_files(tmp_path: Path) -> None:
+    first = DiskStore(tmp_path, b"model-a", 10**9)
+    keys = [digest(bytes([i])) for i in range(4)]
+    for i, key in enumerate(keys):
+        first.put(key, (i,) * 5, kv())
+        time.sleep(0.01)  # distinct mtimes: the second store orders by them
+    second = DiskStore(tmp_path, b"model-a", 10**9)
+    assert (second.stats().entries, second.stats().bytes) == (4, _folder_bytes(first))
+    second.max_bytes = second.stats().bytes  # one more file is one too many
+    second.put(digest(b"new"), (9,) * 5, kv())
+    assert keys[0] not in second and all(key in second for key in keys[1:])
+
+
+def test_files_removed_by_another_process_are_tolerated(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path, b"model-a", 10**9)
+    keys = [digest(bytes([i])) for i in range(6)]
+    for i, key in enumerate(keys):
+        store.put(key, (i,) * 5, kv())
+    size = store.path(keys[0]).stat().st_size
+    for key in keys[:3]:  # another process evicts or cleans up behind this store's back
+        store.path(key).unlink()
+    assert store.get(keys[0], None) is None
+    store.max_bytes = 2 * size
+    store.put(digest(b"new"), (9,) * 5, kv())  # the oldest it would evict is gone: rescan
+    assert _folder_bytes(store) == store.stats().bytes <= 2 * size
+    assert digest(b"new") in store and keys[5] in store and keys[4] not in store
+
+
 def test_new_engine_serves_passages_from_disk(tmp_path: Path, tokenizer) -> None:
     config = KVBoostConfig(block_tokens=8, cache_dir=tmp_path)
     first = KVBoost(make_model("llama"), tokenizer, config)
     docs = corpus(4)
-    assert first.warm_passages(docs).encoded == 4
+    assert first.warm_passages(docs).new == 4
     second = KVBoost(make_model("llama"), tokenizer, config)  # a restart: empty memory
     result = second.generate("Which code?", passages=docs[::-1], max_new_tokens=2)
     assert (result.passages_hit, result.passages_missed) == (4, 0)
@@ -101,7 +159,7 @@ def test_damaged_entry_is_recomputed_by_the_engine(tmp_path: Path, tokenizer) ->
     engine = KVBoost(make_model("llama"), tokenizer, config)
     with pytest.warns(UserWarning, match="removing damaged cache file"):
         again = engine.warm_passages(corpus(2))
-    assert (again.cached, again.encoded) == (0, 2)
+    assert (again.cached, again.new) == (0, 2)
     assert KVBoost(make_model("llama"), tokenizer, config).warm_passages(corpus(2)).cached == 2
 
 
