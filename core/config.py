@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, get_args
 
 from kvboost_rag.core.repair import STRATEGIES, RepairSettings
 
 T = TypeVar("T")
 
+# "exact": prefix cache only, bit-faithful; "balanced": passage reuse with query-aware
+# repair; "fast": passage reuse without repair. The one list of levels.
 Fidelity = Literal["exact", "balanced", "fast"]
-FIDELITY_LEVELS: tuple[str, ...] = ("exact", "balanced", "fast")
+FIDELITY_LEVELS: tuple[str, ...] = get_args(Fidelity)
+
+
+def check_fidelity(value: str) -> Fidelity:
+    """``value`` if it names a fidelity level; else ``ValueError`` listing them."""
+    if value not in FIDELITY_LEVELS:
+        raise ValueError(f"fidelity must be one of {FIDELITY_LEVELS}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,7 @@ class KVBoostConfig:
     max_disk_bytes: int = 20 * 1024**3
 
     def __post_init__(self) -> None:
-        if self.fidelity not in FIDELITY_LEVELS:
-            raise ValueError(f"fidelity must be one of {FIDELITY_LEVELS}, got {self.fidelity!r}")
+        check_fidelity(self.fidelity)
         if self.max_cache_bytes < 0:
             raise ValueError(f"max_cache_bytes must be >= 0, got {self.max_cache_bytes}")
         if not 1 <= self.block_tokens <= 4096:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from contextlib import nullcontext
 from typing import Any
 
 import torch
-from transformers import StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from kvboost_rag.core.context import Context
 from kvboost_rag.core.sampling import SamplingOptions
@@ -32,24 +33,50 @@ def decode(
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         if context.logits is not None:
-            first = sampling.pick(context.logits)
+            config = sampling.generation_config(model.generation_config, max_new)
+            first = first_token(model, config, tokens, context.logits)
             collector.put(torch.tensor(tokens))  # the prompt, skipped by the collector
             collector.put(torch.tensor([first]))
             if max_new == 1 or first in eos_ids(model):
                 return
             tokens, max_new = [*tokens, first], max_new - 1
             collector.expect_prompt()
-        config = sampling.generation_config(model.generation_config, max_new)
         input_ids = torch.tensor([tokens], device=model.device)
         model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
-            generation_config=config,
+            generation_config=sampling.generation_config(model.generation_config, max_new),
             cache=context.cache,
             streamer=collector,
             stopping_criteria=StoppingCriteriaList([cancel]),
             tokenizer=tokenizer,
         )
+
+
+def first_token(
+    model: Any, config: GenerationConfig, tokens: list[int], logits: torch.Tensor
+) -> int:
+    """The token ``generate`` would pick after ``tokens`` from these next-token logits: the
+    logits processors it builds from the same generation config (repetition_penalty,
+    min_p, temperature, top-k/p, ...) in its order, then argmax or one multinomial draw,
+    so seeded runs agree with a plain ``generate``."""
+    config = copy.deepcopy(config)
+    ids = torch.tensor([tokens], device=model.device)
+    # transformers has no public builder for generate's processors; these two private
+    # methods are what generate itself calls (pinned by tests/test_engine_api.py).
+    model._prepare_special_tokens(config, True, device=model.device)
+    processors = model._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=len(tokens),
+        encoder_input_ids=ids,
+        logits_processor=LogitsProcessorList(),
+        device=model.device,
+        model_kwargs={},
+    )
+    scores = processors(ids, logits.to(dtype=torch.float32, device=ids.device)[None])
+    if config.do_sample:
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
+    return int(scores.argmax())
 
 
 def eos_ids(model: Any) -> set[int]:

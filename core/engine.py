@@ -1,37 +1,44 @@
-"""The engine: tokenize, reuse cached KV, generate, store what is new."""
+"""The engine: tokenize, plan what to reuse, build the cache, generate, store what is new.
+
+One request reads top to bottom in ``_run``: ``make_plan`` (pure) -> ``build_context``
+(exact prefix, assembled passages, repair) -> ``decode`` (transformers' generate) ->
+``_remember`` (new exact prefix blocks, passages a cold prompt deferred) -> one result.
+"""
 
 from __future__ import annotations
 
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from kvboost_rag.core.arch import model_support
 from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.context import Context, ContextBuilder
+from kvboost_rag.core.context import Context, build_context
 from kvboost_rag.core.decoding import decode, eos_ids, model_lock
 from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.fingerprint import model_fingerprint
-from kvboost_rag.core.kv import blocks_cache, kv_nbytes
+from kvboost_rag.core.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
 from kvboost_rag.core.passages import PassageCache
+from kvboost_rag.core.plan import Plan, make_plan
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens
-from kvboost_rag.core.result import (
-    EngineStats,
-    GenerationResult,
-    PassageWarmResult,
-    Timings,
-    WarmResult,
-    elapsed_ms,
-)
+from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, WarmResult, elapsed_ms
+from kvboost_rag.core.reuse import PassageReuse
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
 from kvboost_rag.core.tiers import TieredStore
+
+
+class Decoded(NamedTuple):
+    token_ids: list[int]
+    started: float  # perf_counter when decoding began
+    first_at: float  # ... when the first token was out (``ended`` if none was)
+    ended: float
 
 
 class KVBoost:
@@ -50,6 +57,7 @@ class KVBoost:
         self.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.fingerprint = model_fingerprint(model, tokenizer)
         self.context_window = int(model.config.max_position_embeddings)
+        self.support = model_support(model)
         self._prompts = PromptEncoder(
             tokenizer, self.context_window, self.config.max_passage_tokens
         )
@@ -60,16 +68,13 @@ class KVBoost:
         )
         self._store = TieredStore(self.config.max_cache_bytes, disk)
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
-        self.support = model_support(model)
-        self._passages = self._passage_cache()
-        repair = self.config.repair_settings() if self._passages is not None else None
-        rotaries = self.support.rotaries
-        self._context = ContextBuilder(model, self._prefix, self._passages, rotaries, repair)
+        self._reuse = self._passage_reuse()
         self._lock = model_lock(model)
         self._requests = self._prompt_tokens = self._reused_tokens = 0
 
-    def _passage_cache(self) -> PassageCache | None:
-        if self.config.fidelity == "exact":
+    def _passage_reuse(self) -> PassageReuse | None:
+        settings = self.config.repair_settings()
+        if settings is None:  # fidelity "exact"
             return None
         if not self.support.passage_reuse:
             warnings.warn(f"{self.support.reason}; using exact prefix reuse only", stacklevel=3)
@@ -79,9 +84,10 @@ class KVBoost:
             if self.config.passage_anchor
             else []
         )
-        return PassageCache(
+        cache = PassageCache(
             self._store, self.model, self.fingerprint, anchor, self.config.encode_batch_tokens
         )
+        return PassageReuse(self.model, cache, self.support, settings)
 
     @classmethod
     def from_pretrained(
@@ -101,6 +107,18 @@ class KVBoost:
         hf_model, tokenizer = load_model(path, dtype or default_dtype(dev), dev, **model_kwargs)
         engine = cls(hf_model, tokenizer, config)
         engine.name = model
+        return engine
+
+    @staticmethod
+    def of(target: Any) -> KVBoost:
+        """``target`` if it is an engine, else the engine it holds as ``.engine`` (the
+        package's LangChain and LlamaIndex classes). Raises ``TypeError`` otherwise."""
+        engine = target if isinstance(target, KVBoost) else getattr(target, "engine", None)
+        if not isinstance(engine, KVBoost):
+            raise TypeError(
+                "expected a KVBoost engine or an object holding one as .engine (ChatKVBoost, "
+                f"KVBoostLLM), got {type(target).__name__}"
+            )
         return engine
 
     # -- public requests -------------------------------------------------------------
@@ -136,17 +154,20 @@ class KVBoost:
 
     def warm(self, text: str) -> WarmResult:
         """Prefill ``text`` and cache it as an exact prefix of later prompts."""
+        start = time.perf_counter()
         tokens = self._prompts.text(text).tokens
         with self._lock, torch.inference_mode():
             match = self._prefix.match(tokens)
+            cache = blocks_cache(match.blocks, self.model.config, match.length)
+            new = 0
             if match.length < len(tokens):
-                cache = blocks_cache(match.blocks, self.model.config)
                 tail = torch.tensor([tokens[match.length :]], device=self.model.device)
                 self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
-                stored = self._prefix.insert(tokens, cache, len(tokens))
-            else:
-                stored = 0
-        return WarmResult(len(tokens), match.length, stored)
+                new = self._prefix.insert(tokens, cache, len(tokens))
+            size = kv_nbytes(layer_kv(cache))
+        blocks = -(-len(tokens) // self.config.block_tokens)
+        cached = -(-match.length // self.config.block_tokens)
+        return WarmResult(1, blocks, len(tokens), cached, new, size, time.perf_counter() - start)
 
     def warm_passages(
         self,
@@ -154,28 +175,32 @@ class KVBoost:
         *,
         batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> PassageWarmResult:
+    ) -> WarmResult:
         """Encode and cache passages so later prompts that contain them reuse their KV
         (written through to ``cache_dir`` when set).
 
-        A list of texts is laid out as ``format_passages`` / ``passages=`` lay it out; a
-        single string is a prompt whose ``passage()``-marked passages are warmed as marked.
+        Each text of a list is one passage (long ones split at sentences, as in prompts);
+        a single string is a prompt whose ``passage()``-marked passages are warmed.
         ``batch_size`` caps the passages per forward pass (default: by padded tokens).
         ``progress`` is called with the number of pieces done as batches finish. Returns
         once the KV is on disk too.
         """
-        if self._passages is None:
+        if self._reuse is None:
             raise ValueError('passage reuse is off (fidelity="exact" or a model without RoPE)')
+        start = time.perf_counter()
         pieces = self._prompts.passages(texts)
         with self._lock, torch.inference_mode():
-            found = self._passages.fetch(pieces, batch_size=batch_size, progress=progress)
+            found = self._reuse.cache.fetch(pieces, batch_size=batch_size, progress=progress)
             self._store.flush()  # warmed means on disk, for every process
-        return PassageWarmResult(
+        documents = 1 if isinstance(texts, str) else len(texts)
+        return WarmResult(
+            documents,
             len(pieces),
             sum(map(len, pieces)),
             found.hits,
             found.misses,
             sum(kv_nbytes(kv) for kv in found.kv),
+            time.perf_counter() - start,
         )
 
     def first_token_logits(
@@ -190,11 +215,11 @@ class KVBoost:
             else self._prompts.chat(prompt)
         )
         with self._lock, torch.inference_mode():
-            context = self._context.build(tokenized, Timings())
+            plan, blocks = self._plan(tokenized)
+            context = build_context(self.model, plan, blocks, self._reuse, Timings())
             if context.logits is not None:
                 return context.logits.float()
-            done = context.cache.get_seq_length()
-            rest = torch.tensor([tokenized.tokens[done:]], device=self.model.device)
+            rest = torch.tensor([plan.tokens[plan.exact :]], device=self.model.device)
             out = self.model(input_ids=rest, cache=context.cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1].float()
 
@@ -216,7 +241,7 @@ class KVBoost:
     def clear_cache(self) -> None:
         self._store.clear()
 
-    def _decode(self, ids: list[int]) -> str:
+    def _decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # -- the request path ------------------------------------------------------------
@@ -226,7 +251,7 @@ class KVBoost:
     ) -> GenerationStream:
         return GenerationStream(
             lambda on_token, cancel: self._run(prompt, sampling, start, on_token, cancel),
-            self._decode,
+            self._decode_text,
             sampling.stop,
         )
 
@@ -239,66 +264,82 @@ class KVBoost:
         cancel: Cancelled,
     ) -> GenerationResult:
         timings = Timings(tokenize_ms=elapsed_ms(start))
-        tokens = prompt.tokens
         with self._lock, torch.inference_mode():
-            context = self._context.build(prompt, timings)
-            collector = TokenCollector(on_token)
-            gen_start = time.perf_counter()
-            max_new = min(sampling.max_new_tokens, self.context_window - len(tokens))
-            decode(
-                self.model, self.tokenizer, tokens, context, sampling, max_new, collector, cancel
-            )
-            end = time.perf_counter()
-            first = collector.first_token_at or end
-            timings.prefill_ms = (first - gen_start) * 1e3
-            timings.decode_ms = (end - first) * 1e3
-            result = self._result(tokens, collector.token_ids, sampling, cancel, context)
-            result.ttft_ms = (first - start) * 1e3
-            result.timings = timings
-            t = time.perf_counter()
-            self._remember(tokens, collector.token_ids, context)
-            timings.store_ms = elapsed_ms(t)
-            result.total_ms = elapsed_ms(start)
+            with timings.stage("lookup"):
+                plan, blocks = self._plan(prompt)
+            context = build_context(self.model, plan, blocks, self._reuse, timings)
+            decoded = self._generate(plan, context, sampling, on_token, cancel)
+            with timings.stage("store"):
+                self._remember(plan, context, decoded.token_ids)
             self._requests += 1
-            self._prompt_tokens += len(tokens)
+            self._prompt_tokens += len(plan.tokens)
             self._reused_tokens += context.reused
-        return result
+        return self._result(plan, context, decoded, sampling, cancel, timings, start)
+
+    def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:
+        match = self._prefix.match(prompt.tokens)
+        is_cached = self._reuse.is_cached if self._reuse is not None else None
+        return make_plan(prompt, match.length, is_cached), match.blocks
+
+    def _generate(
+        self,
+        plan: Plan,
+        context: Context,
+        sampling: SamplingOptions,
+        on_token: Callable[[int], None] | None,
+        cancel: Cancelled,
+    ) -> Decoded:
+        collector = TokenCollector(on_token)
+        started = time.perf_counter()
+        max_new = min(sampling.max_new_tokens, self.context_window - len(plan.tokens))
+        decode(
+            self.model, self.tokenizer, plan.tokens, context, sampling, max_new, collector, cancel
+        )
+        ended = time.perf_counter()
+        return Decoded(collector.token_ids, started, collector.first_token_at or ended, ended)
+
+    def _remember(self, plan: Plan, context: Context, generated: list[int]) -> None:
+        """Store the new exact blocks of the prompt (and the answer) for later requests, and
+        encode the passages a cold prompt deferred. KV after the first reused passage is
+        approximate and never enters the prefix cache."""
+        stream = plan.tokens + generated[:-1] if self.config.cache_generated else plan.tokens
+        exact = len(stream) if plan.exact_upto is None else plan.exact_upto
+        upto = min(len(stream), context.cache.get_seq_length(), exact)
+        self._prefix.insert(stream, context.cache, upto)
+        if plan.deferred:
+            assert self._reuse is not None  # only a passage plan defers passages
+            self._reuse.cache.fetch(plan.deferred, known=[None] * len(plan.deferred))
 
     def _result(
         self,
-        tokens: list[int],
-        ids: list[int],
+        plan: Plan,
+        context: Context,
+        decoded: Decoded,
         sampling: SamplingOptions,
         cancel: Cancelled,
-        context: Context,
+        timings: Timings,
+        start: float,
     ) -> GenerationResult:
-        text, stopped = cut_at_stop(self._decode(ids), sampling.stop)
+        ids = decoded.token_ids
+        text, stopped = cut_at_stop(self._decode_text(ids), sampling.stop)
         if cancel.flag.is_set():
             reason = "cancelled"
         elif stopped or (ids and ids[-1] in eos_ids(self.model)):
             reason = "stop"
         else:
             reason = "length"
+        timings.prefill_ms = (decoded.first_at - decoded.started) * 1e3
+        timings.decode_ms = (decoded.ended - decoded.first_at) * 1e3
         return GenerationResult(
             text=text,
             token_ids=ids,
             finish_reason=reason,  # type: ignore[arg-type]
-            prompt_tokens=len(tokens),
+            prompt_tokens=len(plan.tokens),
             reused_tokens=context.reused,
-            recomputed_tokens=len(tokens) - context.reused,
-            ttft_ms=0.0,
-            total_ms=0.0,
-            passages_hit=context.passages_hit,
-            passages_missed=context.passages_missed,
+            recomputed_tokens=len(plan.tokens) - context.reused,
+            ttft_ms=(decoded.first_at - start) * 1e3,
+            total_ms=elapsed_ms(start),
+            timings=timings,
+            passages_hit=plan.hits,
+            passages_missed=plan.misses,
         )
-
-    def _remember(self, tokens: list[int], generated: list[int], context: Context) -> None:
-        """Store the new exact blocks of the prompt (and the answer) for later requests.
-        KV after the first reused passage is approximate and never enters the prefix cache."""
-        stream = tokens + generated[:-1] if self.config.cache_generated else tokens
-        exact = len(stream) if context.exact_upto is None else context.exact_upto
-        upto = min(len(stream), context.cache.get_seq_length(), exact)
-        self._prefix.insert(stream, context.cache, upto)
-        if context.deferred:
-            assert self._passages is not None
-            self._passages.fetch(context.deferred, known=[None] * len(context.deferred))

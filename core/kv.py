@@ -62,3 +62,40 @@ def to_cache(kv: LayerKV, config: PretrainedConfig) -> DynamicCache:
     layers = config.get_text_config(decoder=True).num_hidden_layers
     assert not kv or len(kv) == layers, f"{len(kv)} KV layers for a {layers}-layer model"
     return DynamicCache(ddp_cache_data=kv or None)
+
+
+# -- the one place that reads and writes transformers cache tensors -------------------------
+
+
+def layer_kv(cache: DynamicCache) -> LayerKV:
+    """Each layer's (keys, values) of ``cache``, as views (no copy)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[misc]
+
+
+def batch_rows(cache: DynamicCache, starts: Sequence[int], lengths: Sequence[int]) -> list[LayerKV]:
+    """Copies of each batch row's positions ``[start, start + length)``: one sequence's
+    KV out of a padded batch."""
+    return [
+        [
+            (k[row : row + 1, :, s : s + n].clone(), v[row : row + 1, :, s : s + n].clone())
+            for k, v in layer_kv(cache)
+        ]
+        for row, (s, n) in enumerate(zip(starts, lengths))
+    ]
+
+
+def place_fresh(cache: DynamicCache, positions: torch.Tensor, length: int) -> None:
+    """After a forward that appended fresh KV for ``positions`` behind ``length`` cached
+    ones, move the fresh KV into those positions: the cache then holds ``length + 1``."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            full = getattr(layer, name)
+            fresh = full[:, :, length:].clone()
+            placed = full[:, :, : length + 1]
+            placed[:, :, positions] = fresh
+            setattr(layer, name, placed)
+
+
+def head(kv: LayerKV, length: int) -> LayerKV:
+    """The first ``length`` positions of ``kv`` (views)."""
+    return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]

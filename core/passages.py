@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from kvboost_rag.core.keys import digest, token_bytes
-from kvboost_rag.core.kv import LayerKV, to_cache
+from kvboost_rag.core.kv import LayerKV, batch_rows, to_cache
 from kvboost_rag.core.tiers import TieredStore
 
 
@@ -48,6 +48,10 @@ class PassageCache:
 
     def key(self, tokens: Sequence[int]) -> bytes:
         return digest(b"passage", self._root, token_bytes(tokens))
+
+    def __contains__(self, tokens: Sequence[int]) -> bool:
+        """Whether the passage is stored (reads no KV; it may still be evicted before use)."""
+        return self.key(tokens) in self.store
 
     def cached(self, passages: Sequence[Sequence[int]]) -> list[LayerKV | None]:
         """Stored KV of each passage, None where it is not cached."""
@@ -124,23 +128,13 @@ class PassageCache:
         return ids.to(self.model.device), mask.to(self.model.device)
 
     def _encode_batch(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
-        a = len(self.anchor)
         ids, mask = self.padded(passages)
         cache = to_cache([], self.model.config)  # full-length layers, sliding ones too
         self.model(
             input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1
         )
-        layers = cache.layers
-        return [
-            [
-                (
-                    layer.keys[row : row + 1, :, a : a + len(tokens)].clone(),
-                    layer.values[row : row + 1, :, a : a + len(tokens)].clone(),
-                )
-                for layer in layers
-            ]
-            for row, tokens in enumerate(passages)
-        ]
+        a = len(self.anchor)
+        return batch_rows(cache, [a] * len(passages), [len(p) for p in passages])
 
 
 def _batches(

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from kvboost_rag.core.arch import model_support
-from kvboost_rag.core.kv import LayerKV, to_cache
+from kvboost_rag.core.kv import LayerKV, head, layer_kv, place_fresh, to_cache
 
 
 @dataclass(frozen=True)
@@ -134,13 +134,12 @@ def _first_layers(model: Any, layers: int) -> Iterator[None]:
 def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh (keys, values) of layer ``layers - 1`` for positions [exact, length), computed
     with full attention over the exact prefix; the forward stops after that layer."""
-    prefix = [(k[:, :, : plan.exact], v[:, :, : plan.exact]) for k, v in plan.assembled]
-    cache = to_cache(prefix, model.config)
+    cache = to_cache(head(plan.assembled, plan.exact), model.config)
     ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
     with _first_layers(model, layers):
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    layer = cache.layers[layers - 1]
-    return layer.keys[:, :, plan.exact :], layer.values[:, :, plan.exact :]
+    keys, values = layer_kv(cache)[layers - 1]
+    return keys[:, :, plan.exact :], values[:, :, plan.exact :]
 
 
 def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tensor:
@@ -148,8 +147,7 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
     earlier position over the unrepaired cache, summed over the first ``layers`` layers,
     heads and question tokens."""
     tail = max(end for _, end in plan.spans)
-    prefix = [(k[:, :, :tail], v[:, :, :tail]) for k, v in plan.assembled]
-    cache = to_cache(prefix, model.config)
+    cache = to_cache(head(plan.assembled, tail), model.config)
     ids = torch.tensor([plan.tokens[tail : plan.length + 1]], device=model.device)
     positions = torch.arange(tail, plan.length + 1, device=model.device)[None]
     score = torch.zeros(tail, device=model.device)
@@ -189,13 +187,7 @@ def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicC
         ),
         logits_to_keep=1,
     )
-    for layer in cache.layers:
-        for name in ("keys", "values"):
-            full = getattr(layer, name)
-            fresh = full[:, :, n:].clone()
-            placed = full[:, :, : n + 1]
-            placed[:, :, positions] = fresh
-            setattr(layer, name, placed)
+    place_fresh(cache, positions, n)
     return cache, out.logits[0, -1]
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -32,6 +34,17 @@ class Timings:
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items()}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Adds the wall time of the ``with`` block to ``{name}_ms``."""
+        attr = f"{name}_ms"
+        assert hasattr(self, attr), f"no stage {name!r}"
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, attr, getattr(self, attr) + elapsed_ms(start))
 
 
 @dataclass
@@ -64,18 +77,21 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class WarmResult:
-    tokens: int  # tokens in the warmed text
-    cached_tokens: int  # of those, already cached before this call
-    stored_blocks: int  # new blocks stored by this call
+    """What one warm call did: ``warm(text)`` (a prefix), ``warm_passages(texts)`` or
+    ``warm_corpus(documents)`` (passages)."""
 
+    documents: int  # texts given
+    units: int  # cache entries they make: passage pieces, or prefix blocks
+    tokens: int  # tokens in those units
+    cached: int  # units already cached (memory or disk) before this call
+    new: int  # units computed and stored by this call
+    bytes: int  # KV bytes of all the units
+    seconds: float  # wall time of the call (on disk too, when the engine has a cache_dir)
 
-@dataclass(frozen=True)
-class PassageWarmResult:
-    passages: int  # passage pieces after splitting long passages
-    tokens: int  # their tokens
-    cached: int  # pieces already cached before this call
-    encoded: int  # pieces encoded and stored by this call
-    bytes: int  # KV bytes of all the pieces
+    @property
+    def tokens_per_s(self) -> float:
+        """All tokens (cached ones included) over the wall time."""
+        return self.tokens / self.seconds if self.seconds else 0.0
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import torch
-from transformers import (
-    GenerationConfig,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -71,17 +64,3 @@ class SamplingOptions:
         config.stop_strings = list(self.stop) or None
         config.return_dict_in_generate = False
         return config
-
-    def pick(self, logits: torch.Tensor) -> int:
-        """One token from next-token logits, as ``generate`` would pick it: the same warpers
-        in the same order and one ``torch.multinomial`` draw, so seeded runs agree."""
-        scores = logits.float()[None]
-        if self.greedy:
-            return int(scores.argmax())
-        warpers = LogitsProcessorList([TemperatureLogitsWarper(self.temperature)])
-        if self.top_k:
-            warpers.append(TopKLogitsWarper(self.top_k))
-        if self.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(self.top_p))
-        scores = warpers(None, scores)  # type: ignore[arg-type]
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from kvboost_rag.core.chunker import format_passages, split_passage
-from kvboost_rag.core.config import FIDELITY_LEVELS, KVBoostConfig
+from kvboost_rag.core.config import KVBoostConfig, check_fidelity
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.warm import document_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -48,12 +51,6 @@ def load_engine(
     )
 
 
-def check_fidelity(fidelity: str) -> str:
-    if fidelity not in FIDELITY_LEVELS:
-        raise ValueError(f"fidelity must be one of {FIDELITY_LEVELS}, got {fidelity!r}")
-    return fidelity
-
-
 def check_engine_fidelity(engine: KVBoost, fidelity: str | None) -> None:
     """A wrapped engine's fidelity is fixed when it is built: a different one asked of the
     adapter would be ignored, so it is an error."""
@@ -65,25 +62,40 @@ def check_engine_fidelity(engine: KVBoost, fidelity: str | None) -> None:
         )
 
 
-def engine_options(
-    *,
-    max_tokens: int | None,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    seed: int | None,
-    stop: Sequence[str] | None,
-) -> dict[str, Any]:
-    """The engine's keyword options from a framework's field names; None means default."""
-    options: dict[str, Any] = {
-        "max_new_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "seed": seed,
-        "stop": list(stop) if stop else None,
-    }
-    return {k: v for k, v in options.items() if v is not None}
+class SamplingFields(BaseModel):
+    """The sampling settings both adapters take: as fields (the defaults) and, by the same
+    names, as per-call options (LangChain ``invoke(..., temperature=0.7)``, LlamaIndex
+    ``complete(..., max_tokens=8)``)."""
+
+    max_tokens: int = Field(default=256, ge=1, description="Most new tokens per answer.")
+    temperature: float = Field(default=0.0, ge=0.0, description="0 decodes greedily.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
+    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
+    stop: list[str] | None = Field(
+        default=None, description="Stop strings; the text ends before the first one."
+    )
+
+    def engine_options(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The engine's keyword options: these fields, with a call's ``overrides`` (any
+        of ``SAMPLING_OPTIONS``; None keeps the field) on top. Validated here, so a bad
+        value fails before the model runs."""
+        overrides = overrides or {}
+        value = {name: overrides.get(name) for name in SAMPLING_OPTIONS}
+        chosen = {k: getattr(self, k) if v is None else v for k, v in value.items()}
+        options = {
+            "max_new_tokens": chosen["max_tokens"],
+            "temperature": chosen["temperature"],
+            "top_p": chosen["top_p"],
+            "top_k": chosen["top_k"],
+            "seed": chosen["seed"],
+            "stop": list(chosen["stop"]) if chosen["stop"] else None,
+        }
+        SamplingOptions.build(**options)
+        return options
+
+
+SAMPLING_OPTIONS: tuple[str, ...] = tuple(SamplingFields.model_fields)
 
 
 def result_stats(result: GenerationResult) -> dict[str, Any]:

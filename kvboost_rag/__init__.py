@@ -12,12 +12,11 @@ from kvboost_rag.core.errors import (
 from kvboost_rag.core.result import (
     EngineStats,
     GenerationResult,
-    PassageWarmResult,
     Timings,
     WarmResult,
 )
 from kvboost_rag.core.streaming import GenerationStream
-from kvboost_rag.warm import WarmReport, warm_corpus
+from kvboost_rag.warm import warm_corpus
 
 __all__ = [
     "ContextWindowError",
@@ -29,10 +28,8 @@ __all__ = [
     "KVBoostConfig",
     "KVBoostError",
     "MarkerError",
-    "PassageWarmResult",
     "Timings",
     "UnknownModelError",
-    "WarmReport",
     "WarmResult",
     "format_passages",
     "passage",

@@ -28,7 +28,7 @@ def full_logits(engine: KVBoost, tokens: list[int]) -> torch.Tensor:
 
 def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokenizer) -> None:
     engine = engine_with(arch, tokenizer)
-    cache = engine._passages
+    cache = engine._reuse.cache
     tokens = tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
     (stored,) = cache.encode([tokens])
     delta, a = 37, cache.offset
@@ -58,7 +58,7 @@ def test_full_recompute_decodes_like_generate(tokenizer, sampling: dict) -> None
     """The repair pass picks the first token itself; it must pick what generate would."""
     engine = engine_with("llama", tokenizer, repair="deviation", recompute_ratio=1.0)
     prompt = passage(DOCS[0]) + passage(DOCS[1]) + QUESTION
-    assert engine.warm_passages(prompt).encoded == 2
+    assert engine.warm_passages(prompt).new == 2
     result = engine.generate(prompt, max_new_tokens=8, seed=3, **sampling)
     assert result.passages_hit == 2 and result.timings.repair_ms > 0
     torch.manual_seed(3)
@@ -68,11 +68,30 @@ def test_full_recompute_decodes_like_generate(tokenizer, sampling: dict) -> None
     assert result.token_ids == expected[: len(result.token_ids)]
 
 
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_k": 20}])
+def test_first_token_follows_the_model_generation_config(tokenizer, sampling: dict) -> None:
+    """The first token after repair goes through the processors generate builds from the
+    model's generation config (here a strong repetition penalty and min_p), as the rest do."""
+    engine = engine_with("llama", tokenizer, repair="deviation", recompute_ratio=1.0)
+    engine.model.generation_config.repetition_penalty = 50.0
+    engine.model.generation_config.min_p = 0.2
+    prompt = passage(DOCS[0]) + passage(DOCS[1]) + QUESTION
+    engine.warm_passages(prompt)
+    result = engine.generate(prompt, max_new_tokens=6, seed=5, **sampling)
+    assert result.passages_hit == 2
+    torch.manual_seed(5)
+    ids = torch.tensor([engine.tokenize(prompt)])
+    out = engine.model.generate(ids, max_new_tokens=6, do_sample=bool(sampling), **sampling)
+    assert result.token_ids == out[0, ids.shape[1] :].tolist()[: len(result.token_ids)]
+    penalized = engine.model.generate(ids, max_new_tokens=1, repetition_penalty=1.0)
+    assert sampling or penalized[0, -1] != out[0, ids.shape[1]]  # the penalty mattered
+
+
 def test_passage_right_after_bos_needs_no_repair(arch: str, tokenizer) -> None:
     engine = engine_with(arch, tokenizer, repair="none")
     prompt = "<s>" + passage(DOCS[1]) + QUESTION
     tokens = engine.tokenize(prompt)
-    assert tokens[0] == tokenizer.bos_token_id == engine._passages.anchor[0]
+    assert tokens[0] == tokenizer.bos_token_id == engine._reuse.cache.anchor[0]
     torch.testing.assert_close(
         engine.first_token_logits(prompt), full_logits(engine, tokens), atol=1e-5, rtol=0
     )
@@ -155,13 +174,14 @@ def test_model_without_rope_falls_back_to_exact_reuse(tokenizer) -> None:
 
 
 def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
+    from kvboost_rag.core.plan import make_plan
     from kvboost_rag.core.repair import RepairPlan, RepairSettings, choose_query, question_attention
 
     engine = engine_with("llama", tokenizer)
     prompt = engine._prompts.text(QUESTION, DOCS)
     n = len(prompt.tokens) - 1
-    kv = engine._passages.fetch([prompt.tokens[s:e] for s, e in prompt.passages]).kv
-    assembled = engine._context._assemble([], 0, n, prompt.passages, prompt.passages, kv)
+    kv = engine._reuse.cache.fetch([prompt.tokens[s:e] for s, e in prompt.passages]).kv
+    assembled = engine._reuse.assemble(make_plan(prompt, 0, lambda tokens: True), [], kv)
     plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, assembled)
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
@@ -182,6 +202,6 @@ def test_strategy_registry_lists_choices() -> None:
 
 
 def test_passage_keys_depend_on_the_model(tokenizer) -> None:
-    a = engine_with("llama", tokenizer)._passages
-    b = engine_with("qwen2", tokenizer)._passages
+    a = engine_with("llama", tokenizer)._reuse.cache
+    b = engine_with("qwen2", tokenizer)._reuse.cache
     assert a.key([5, 6, 7]) != b.key([5, 6, 7])

@@ -37,7 +37,7 @@ def engine(tokenizer) -> KVBoost:
 def test_warmed_documents_are_hits_in_later_prompts(engine: KVBoost) -> None:
     docs = [DOCS[0], LangChainLikeDocument(DOCS[1]), LlamaIndexLikeNode(DOCS[2])]
     report = warm_corpus(Holder(engine), docs, progress=False)
-    assert (report.documents, report.passages, report.new, report.cached) == (3, 3, 3, 0)
+    assert (report.documents, report.units, report.new, report.cached) == (3, 3, 3, 0)
     assert report.tokens > 0 and report.bytes > 0 and report.tokens_per_s > 0
     result = engine.generate("Which item?", passages=DOCS[2::-1], max_new_tokens=2)
     assert (result.passages_hit, result.passages_missed) == (3, 0)
@@ -49,13 +49,13 @@ def test_long_documents_split_like_prompts(tokenizer) -> None:
     engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(max_passage_tokens=60))
     long_doc = " ".join(DOCS)
     report = warm_corpus(engine, [long_doc], progress=False)
-    assert report.passages > 1
+    assert report.units > 1
     result = engine.generate("Which item?", passages=[long_doc], max_new_tokens=2)
-    assert (result.passages_hit, result.passages_missed) == (report.passages, 0)
+    assert (result.passages_hit, result.passages_missed) == (report.units, 0)
 
 
 def test_bad_targets_and_documents(engine: KVBoost) -> None:
-    with pytest.raises(TypeError, match="needs a KVBoost engine"):
+    with pytest.raises(TypeError, match="expected a KVBoost engine"):
         warm_corpus(object(), DOCS)
     with pytest.raises(TypeError, match=r"documents\[1\] is a int"):
         warm_corpus(engine, ["ok", 3])

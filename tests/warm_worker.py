@@ -18,4 +18,4 @@ if __name__ == "__main__":
     cache_dir, count = sys.argv[1], int(sys.argv[2])
     engine = KVBoost(make_model("llama"), make_tokenizer(), KVBoostConfig(cache_dir=cache_dir))
     report = warm_corpus(engine, corpus(count), batch_size=1, progress=False)
-    print(report.passages, report.new, report.cached)
+    print(report.units, report.new, report.cached)

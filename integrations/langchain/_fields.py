@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.config import Fidelity, KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.integrations._common import (
     DEFAULT_MODEL,
+    SAMPLING_OPTIONS,
+    SamplingFields,
     check_engine_fidelity,
-    engine_options,
     load_engine,
     result_stats,
 )
 
-# What a call may pass through ``invoke(..., **kwargs)`` or ``bind(**kwargs)``.
-CALL_OPTIONS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "documents"})
+# What a call may pass through ``invoke(..., **kwargs)`` or ``bind(**kwargs)`` (``stop``
+# comes as LangChain's own argument).
+CALL_OPTIONS = frozenset(SAMPLING_OPTIONS) - {"stop"} | {"documents"}
 # Fields that only describe how to load a model: meaningless beside a given engine.
 LOAD_FIELDS = ("model_id", "dtype", "device", "config")
 
 
-class KVBoostFields(BaseModel):
+class KVBoostFields(SamplingFields):
     """Model, sampling and reuse settings; every field is used, none is decorative."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -49,18 +50,10 @@ class KVBoostFields(BaseModel):
     config: KVBoostConfig | None = Field(
         default=None, exclude=True, description="Engine configuration used when loading."
     )
-    fidelity: Literal["exact", "balanced", "fast"] | None = Field(
+    fidelity: Fidelity | None = Field(
         default=None,
         description="Passage-reuse fidelity level; None keeps the engine's (default "
         "'balanced'). Must match a wrapped engine's level.",
-    )
-    max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 decodes greedily.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
-    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
-    stop: list[str] | None = Field(
-        default=None, description="Stop strings; the text ends before the first one."
     )
     streaming: bool = Field(
         default=False, description="Generate through the streaming path (token callbacks)."
@@ -68,7 +61,7 @@ class KVBoostFields(BaseModel):
 
     @model_validator(mode="after")
     def _attach_engine(self) -> KVBoostFields:
-        SamplingOptions.build(**engine_options(stop=self.stop, **self._sampling()))  # validates
+        self.engine_options()  # validates the sampling fields together
         if self.engine is None:
             self.engine = load_engine(
                 self.model_id,
@@ -98,15 +91,6 @@ class KVBoostFields(BaseModel):
         assert self.engine is not None  # set by the validator
         return self.engine
 
-    def _sampling(self) -> dict[str, Any]:
-        return {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-        }
-
     def _request(
         self, stop: Sequence[str] | None, kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], list[Any]]:
@@ -121,12 +105,8 @@ class KVBoostFields(BaseModel):
             raise ValueError(
                 f"this object serves {self.model_id!r}; it cannot switch to {model!r} per call"
             )
-        values = {
-            **self._sampling(),
-            **{k: kwargs[k] for k in CALL_OPTIONS - {"documents"} if k in kwargs},
-        }
-        stops = stop if stop is not None else self.stop
-        options = engine_options(stop=stops, **values)
+        overrides = {k: kwargs[k] for k in CALL_OPTIONS - {"documents"} if k in kwargs}
+        options = self.engine_options({**overrides, "stop": stop})
         return options, list(kwargs.get("documents") or [])
 
     def _stats(self, result: GenerationResult) -> dict[str, Any]:
@@ -139,7 +119,7 @@ class KVBoostFields(BaseModel):
         return {
             "model_id": self.model_id,
             "fidelity": self.kv_engine.config.fidelity,
-            **self._sampling(),
+            **self.model_dump(include=set(SAMPLING_OPTIONS) - {"stop"}),
         }
 
     def get_token_ids(self, text: str) -> list[int]:

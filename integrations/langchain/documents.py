@@ -50,12 +50,7 @@ class KVBoostTextSplitter(TextSplitter):
     """
 
     def __init__(self, engine: Any, chunk_size: int | None = None, **kwargs: Any) -> None:
-        kv = engine if isinstance(engine, KVBoost) else getattr(engine, "engine", None)
-        if not isinstance(kv, KVBoost):
-            raise TypeError(
-                f"engine must be a KVBoost engine or hold one as .engine, "
-                f"got {type(engine).__name__}"
-            )
+        kv = KVBoost.of(engine)
         limit = kv.config.max_passage_tokens
         size = limit if chunk_size is None else chunk_size
         if not 1 <= size <= limit:

@@ -23,21 +23,20 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
+from kvboost_rag.core.config import Fidelity
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.errors import KVBoostError
 from kvboost_rag.core.result import GenerationResult
 from kvboost_rag.core.streaming import GenerationStream
 from kvboost_rag.integrations._common import (
     DEFAULT_MODEL,
+    SAMPLING_OPTIONS,
+    SamplingFields,
     aiter_thread,
     check_engine_fidelity,
-    engine_options,
     load_engine,
     result_stats,
 )
-
-# Options a single call may override (the fields of the same names are the defaults).
-CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed")
 
 # LlamaIndex's refine loop (compact and refine modes) logs ValueErrors raised by the LLM
 # and answers "Empty Response". Engine errors are ValueErrors (a prompt over the context
@@ -59,7 +58,7 @@ def noting_engine_errors() -> Iterator[None]:
         raise
 
 
-class KVBoostLLM(CustomLLM):
+class KVBoostLLM(SamplingFields, CustomLLM):
     """A local HF model whose passage KV is computed once and reused at any position.
 
     Text inside ``kvboost_rag.passage()`` markers (what ``PassageSynthesizer`` puts around
@@ -70,17 +69,7 @@ class KVBoostLLM(CustomLLM):
     model_name: str = Field(
         default=DEFAULT_MODEL, description="The model's name or path (reported in metadata)."
     )
-    max_tokens: int = Field(
-        default=256, gt=0, description="Most new tokens per answer (metadata.num_output)."
-    )
-    temperature: float = Field(default=0.0, ge=0.0, description="0 decodes greedily.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
-    stop: list[str] | None = Field(
-        default=None, description="Strings that end the answer (the text stops before them)."
-    )
-    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
-    fidelity: str | None = Field(
+    fidelity: Fidelity | None = Field(
         default=None,
         description="exact, balanced or fast; must match a wrapped engine's (None: its own).",
     )
@@ -260,11 +249,12 @@ class KVBoostLLM(CustomLLM):
         return str(cast(Any, self.messages_to_prompt)(messages))
 
     def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(kwargs) - set(CALL_OPTIONS))
+        unknown = sorted(set(kwargs) - set(SAMPLING_OPTIONS))
         if unknown:
-            raise TypeError(f"unknown option(s) {unknown}; KVBoostLLM takes {list(CALL_OPTIONS)}")
-        chosen = {name: kwargs.get(name, getattr(self, name)) for name in CALL_OPTIONS}
-        return engine_options(**chosen)
+            raise TypeError(
+                f"unknown option(s) {unknown}; KVBoostLLM takes {list(SAMPLING_OPTIONS)}"
+            )
+        return self.engine_options(kwargs)
 
     def _record(self, result: GenerationResult) -> dict[str, Any]:
         stats = result_stats(result)

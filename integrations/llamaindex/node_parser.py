@@ -43,9 +43,7 @@ class KVBoostNodeParser(TextSplitter):
     def from_engine(cls, target: Any, **fields: Any) -> KVBoostNodeParser:
         """The tokenizer and ``max_passage_tokens`` of an engine, or of an object holding
         one as ``.engine`` (``KVBoostLLM``)."""
-        engine = target if isinstance(target, KVBoost) else getattr(target, "engine", None)
-        if not isinstance(engine, KVBoost):
-            raise TypeError(f"expected a KVBoost engine or KVBoostLLM, got {type(target).__name__}")
+        engine = KVBoost.of(target)
         fields.setdefault("max_passage_tokens", engine.config.max_passage_tokens)
         return cls(engine.tokenizer, **fields)
 

@@ -40,7 +40,7 @@ def units(engine: KVBoost) -> list[str]:
 
 def plain_prefill_tokens_per_s(engine: KVBoost, texts: list[str]) -> float:
     """The same passages through the same padded batches, model forward only."""
-    cache = engine._passages
+    cache = engine._reuse.cache
     assert cache is not None
     pieces = engine._prompts.passages(texts)
     start = time.perf_counter()
