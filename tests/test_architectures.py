@@ -8,7 +8,7 @@ import torch
 from conftest import ARCHITECTURES, SLIDING_WINDOW, make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.arch import _probe, inspect_model, model_support
+from kvboost_rag.core.arch import inspect_model, model_support, rotation_errors
 from kvboost_rag.core.chunker import passage
 from kvboost_rag.core.kv import to_cache
 from kvboost_rag.core.rope import Rotary, rerotate, rotations
@@ -105,8 +105,9 @@ def test_gemma3_rotates_local_and_global_layers_with_their_own_base() -> None:
     assert (local - glob).abs().max() > 0.1  # different bases, different rotations
     # One rotation for every layer (what a single rotary_emb gave) fails the start probe.
     one = Rotary(support.rotaries[1].module, "full_attention")
-    reason = _probe(model, replace(support, rotaries=(one,) * 3))
-    assert reason is not None and "layer 0" in reason
+    errors = rotation_errors(model, replace(support, rotaries=(one,) * 3))
+    assert errors[0] > 0.3 and errors[2] > 0.3 and errors[1] < 1e-4
+    assert max(rotation_errors(model, support)) < 1e-4
 
 
 def test_mixed_layer_types_get_one_mask_per_type() -> None:
