@@ -19,7 +19,7 @@ import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from kvboost_rag.core.errors import UnsupportedModelError
-from kvboost_rag.core.kv import to_cache
+from kvboost_rag.core.kv import layer_kv, to_cache
 from kvboost_rag.core.rope import Rotary, rerotate, rotary_embedding, rotations
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -166,7 +166,7 @@ def rotation_errors(model: Any, support: ModelSupport) -> list[float]:
                 cache = to_cache([], model.config)
                 positions = torch.arange(start, start + PROBE_TOKENS, device=device)[None]
                 model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
-                keys.append([layer.keys.float() for layer in cache.layers])
+                keys.append([k.float() for k, _ in layer_kv(cache)])
     finally:
         for hook in hooks:
             hook.remove()

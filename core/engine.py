@@ -186,7 +186,8 @@ class KVBoost:
         once the KV is on disk too.
         """
         if self._reuse is None:
-            raise ValueError('passage reuse is off (fidelity="exact" or a model without RoPE)')
+            why = 'fidelity="exact"' if self.config.fidelity == "exact" else self.support.reason
+            raise ValueError(f"passage reuse is off ({why}): there are no passages to warm")
         start = time.perf_counter()
         pieces = self._prompts.passages(texts)
         with self._lock, torch.inference_mode():
