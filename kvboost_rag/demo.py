@@ -12,14 +12,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from kvboost_rag.bench.baseline import first_token_ms
-from kvboost_rag.bench.langchain_rag import (
+from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.rag_setup import (
     essay_documents,
+    hf_chat_model,
     minilm_embeddings,
     retrieval_chain,
     stream_first_token,
 )
-from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.timing import first_token_ms
 from kvboost_rag.warm import warm_corpus
 
 QUESTIONS = [
@@ -94,7 +95,6 @@ def demo(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from langchain_core.vectorstores import InMemoryVectorStore
 
-    from kvboost_rag.bench.langchain_rag import hf_chat_model
     from kvboost_rag.integrations.langchain import ChatKVBoost
 
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,17 +15,6 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.streaming import TokenCollector
-
-
-def first_token_ms(start: float, deltas: Iterable[str | None]) -> tuple[float, str]:
-    """TTFT (ms since ``start``, a ``perf_counter`` reading) of a stream of text deltas,
-    and the whole text; the stream is drained, so the model is idle afterwards."""
-    ttft, parts = None, []
-    for delta in deltas:
-        if delta:
-            ttft = ttft or (time.perf_counter() - start) * 1e3
-            parts.append(delta)
-    return ttft or (time.perf_counter() - start) * 1e3, "".join(parts)
 
 
 @dataclass(frozen=True)

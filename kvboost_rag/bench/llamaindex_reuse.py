@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
-from kvboost_rag.bench.baseline import first_token_ms, full_prefill, write_report
+from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.corpus import passages
 from kvboost_rag.core.chunker import CLOSE, OPEN, parse_segments
+from kvboost_rag.timing import first_token_ms
 
 
 @dataclass
