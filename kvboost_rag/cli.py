@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from kvboost_rag.bench import chat as chat_bench
-from kvboost_rag.bench import rag as rag_bench
-from kvboost_rag.bench import suite
-from kvboost_rag.bench import warm as warm_bench
+# Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
+# `demo` and `warm` never load the benchmark package.
+BENCHES = {"all": "suite", "chat": "chat", "rag": "rag", "warm": "warm"}
 
-BENCHES: dict[str, Callable[[list[str]], None]] = {
-    "all": suite.main,
-    "chat": chat_bench.main,
-    "rag": rag_bench.main,
-    "warm": warm_bench.main,
-}
+
+def bench(argv: list[str]) -> None:
+    """``bench [workload] [options]``: the options go to the workload's own parser."""
+    workload, rest = (argv[0], argv[1:]) if argv and argv[0] in BENCHES else ("all", argv)
+    module = importlib.import_module(f"kvboost_rag.bench.{BENCHES[workload]}")
+    module.main(rest)
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -74,9 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     w.set_defaults(func=warm_folder)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        rest = argv[1:]
-        workload = rest.pop(0) if rest and rest[0] in BENCHES else "all"
-        BENCHES[workload](rest)
+        bench(argv[1:])
         return
     args = parser.parse_args(argv)
     args.func(args)

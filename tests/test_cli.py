@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from kvboost_rag.cli import main
@@ -35,3 +38,14 @@ def test_unknown_subcommand_exits_with_usage(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         main(["serve"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_demo_and_cli_do_not_import_the_benchmarks() -> None:
+    # A fresh interpreter: this test process may already have loaded kvboost_rag.bench.
+    check = (
+        "import sys, kvboost_rag.cli, kvboost_rag.demo; "
+        "bench = [m for m in sys.modules if m.startswith('kvboost_rag.bench')]; "
+        "assert not bench, bench"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
