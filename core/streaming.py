@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -144,6 +146,7 @@ class GenerationStream:
         self._deltas = TextDeltas(decode, stops, self._queue)
         self._cancel = Cancelled()
         self._thread = threading.Thread(target=self._work, args=(run,), daemon=True)
+        _LIVE.add(self)
         self._thread.start()
 
     def _work(self, run: Callable[[Callable[[int], None], Cancelled], object]) -> None:
@@ -165,3 +168,17 @@ class GenerationStream:
     def close(self) -> None:
         self._cancel.flag.set()
         self._thread.join()
+
+
+# Streams whose generation may still be running. A daemon thread still inside torch when
+# the interpreter finalizes aborts the process ("terminate called without an active
+# exception", exit code 134), so at exit every stream nobody finished is cancelled (it
+# stops at the next token) and joined.
+_LIVE: weakref.WeakSet[GenerationStream] = weakref.WeakSet()
+
+
+@atexit.register
+def _cancel_live_streams() -> None:
+    for stream in list(_LIVE):
+        stream._cancel.flag.set()
+        stream._thread.join()

@@ -26,7 +26,7 @@ essays = essay_texts()[:1]
 chat = ChatKVBoost.from_model_id("smollm2-135m-instruct", max_tokens=24)
 docs = KVBoostTextSplitter(chat, chunk_size=200).create_documents(essays)
 report = warm_corpus(chat, docs)
-print(f"warmed {report.passages} chunks ({report.tokens} tokens) in {report.seconds:.1f} s")
+print(f"warmed {report.units} chunks ({report.tokens} tokens) in {report.seconds:.1f} s")
 
 embeddings = HuggingFaceEmbeddings(model_name=str(get_model_path()))
 retriever = InMemoryVectorStore.from_documents(docs, embeddings).as_retriever(

@@ -36,7 +36,7 @@ elif __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="kvboost-cache-") as cache_dir:
         engine = KVBoost.from_pretrained(config=KVBoostConfig(cache_dir=cache_dir))
         report = warm_corpus(engine, essays(), progress=False)
-        print(f"warmed {report.passages} passages ({report.tokens} tokens) to disk")
+        print(f"warmed {report.units} passages ({report.tokens} tokens) to disk")
         served = subprocess.run(
             [sys.executable, __file__, "--serve", cache_dir],
             capture_output=True,

@@ -38,7 +38,7 @@ def warm_folder(args: argparse.Namespace) -> None:
     disk = engine.stats().disk
     assert disk is not None
     print(
-        f"warmed {report.documents} files into {report.passages} passages "
+        f"warmed {report.documents} files into {report.units} passages "
         f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
         f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s; "
         f"{disk.bytes / 2**20:.0f} MiB in {disk.entries} files under {args.cache_dir}"
