@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -13,6 +15,32 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from kvboost_rag.core.context import Context
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.streaming import Cancelled, TokenCollector
+
+
+class Decoded(NamedTuple):
+    token_ids: list[int]
+    started: float  # perf_counter when decoding began
+    first_at: float  # ... when the first token was out (``ended`` if none was)
+    ended: float
+
+
+def generate_tokens(
+    model: Any,
+    tokenizer: Any,
+    tokens: list[int],
+    context: Context,
+    sampling: SamplingOptions,
+    on_token: Callable[[int], None] | None,
+    cancel: Cancelled,
+) -> Decoded:
+    """Decode after ``tokens`` (at most up to the context window), timing the first token."""
+    collector = TokenCollector(on_token)
+    started = time.perf_counter()
+    window = int(model.config.max_position_embeddings)
+    max_new = min(sampling.max_new_tokens, window - len(tokens))
+    decode(model, tokenizer, tokens, context, sampling, max_new, collector, cancel)
+    ended = time.perf_counter()
+    return Decoded(collector.token_ids, started, collector.first_token_at or ended, ended)
 
 
 def decode(

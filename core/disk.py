@@ -31,7 +31,6 @@ import threading
 import time
 import warnings
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import xxhash
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from kvboost_rag.core.folder_index import FolderIndex
 from kvboost_rag.core.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.store import Entry
 
@@ -255,44 +255,6 @@ class DiskStore:
         for f in self.dir.glob("*/.tmp-*"):
             if now - _mtime(f) > _STALE_TEMP_SECONDS:
                 f.unlink(missing_ok=True)
-
-
-class FolderIndex:
-    """Sizes of a store's files, least recently used first. Not locked: its store calls
-    it under the store's lock."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.bytes = 0
-        self._sizes: OrderedDict[Path, int] = OrderedDict()
-        self.scan()
-
-    def __len__(self) -> int:
-        return len(self._sizes)
-
-    def scan(self) -> None:
-        """Rebuild from the folder, ordered by mtime (reads touch it, so it is LRU order)."""
-        found: list[tuple[float, Path, int]] = []
-        for path in self.folder.glob("*/*.safetensors"):
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue
-            found.append((st.st_mtime, path, st.st_size))
-        found.sort()
-        self._sizes = OrderedDict((path, size) for _, path, size in found)
-        self.bytes = sum(self._sizes.values())
-
-    def used(self, path: Path, size: int) -> None:
-        """``path`` (``size`` bytes) was just written or read: the most recently used."""
-        self.bytes += size - self._sizes.pop(path, 0)
-        self._sizes[path] = size
-
-    def removed(self, path: Path) -> None:
-        self.bytes -= self._sizes.pop(path, 0)
-
-    def oldest(self) -> Path:
-        return next(iter(self._sizes))
 
 
 def _close_at_exit(ref: weakref.ref[DiskStore]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -18,7 +18,7 @@ from kvboost_rag.core.arch import model_support
 from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.context import Context, build_context
-from kvboost_rag.core.decoding import decode, eos_ids, model_lock
+from kvboost_rag.core.decoding import Decoded, eos_ids, generate_tokens, model_lock
 from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.fingerprint import model_fingerprint
 from kvboost_rag.core.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
@@ -30,15 +30,8 @@ from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens
 from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, WarmResult, elapsed_ms
 from kvboost_rag.core.reuse import PassageReuse
 from kvboost_rag.core.sampling import SamplingOptions
-from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
+from kvboost_rag.core.streaming import Cancelled, GenerationStream, cut_at_stop
 from kvboost_rag.core.tiers import TieredStore
-
-
-class Decoded(NamedTuple):
-    token_ids: list[int]
-    started: float  # perf_counter when decoding began
-    first_at: float  # ... when the first token was out (``ended`` if none was)
-    ended: float
 
 
 class KVBoost:
@@ -269,7 +262,9 @@ class KVBoost:
             with timings.stage("lookup"):
                 plan, blocks = self._plan(prompt)
             context = build_context(self.model, plan, blocks, self._reuse, timings)
-            decoded = self._generate(plan, context, sampling, on_token, cancel)
+            decoded = generate_tokens(
+                self.model, self.tokenizer, plan.tokens, context, sampling, on_token, cancel
+            )
             with timings.stage("store"):
                 self._remember(plan, context, decoded.token_ids)
             self._requests += 1
@@ -281,23 +276,6 @@ class KVBoost:
         match = self._prefix.match(prompt.tokens)
         is_cached = self._reuse.is_cached if self._reuse is not None else None
         return make_plan(prompt, match.length, is_cached), match.blocks
-
-    def _generate(
-        self,
-        plan: Plan,
-        context: Context,
-        sampling: SamplingOptions,
-        on_token: Callable[[int], None] | None,
-        cancel: Cancelled,
-    ) -> Decoded:
-        collector = TokenCollector(on_token)
-        started = time.perf_counter()
-        max_new = min(sampling.max_new_tokens, self.context_window - len(plan.tokens))
-        decode(
-            self.model, self.tokenizer, plan.tokens, context, sampling, max_new, collector, cancel
-        )
-        ended = time.perf_counter()
-        return Decoded(collector.token_ids, started, collector.first_token_at or ended, ended)
 
     def _remember(self, plan: Plan, context: Context, generated: list[int]) -> None:
         """Store the new exact blocks of the prompt (and the answer) for later requests, and
