@@ -157,8 +157,12 @@ def _pieces(
 ) -> Iterator[tuple[str, list[int]]]:
     """``(kind, token ids)`` of every piece: a long passage becomes sentence-aligned pieces,
     the whitespace between them fixed text, as if each piece had been marked alone."""
-    for segment in segments:
-        ids = _ids(tokenizer, segment.text)
+    if not segments:
+        return
+    # One tokenizer call for every segment: per-segment calls cost ~0.3 ms each.
+    batch = tokenizer([s.text for s in segments], add_special_tokens=False)["input_ids"]
+    for segment, ids in zip(segments, batch):
+        ids = list(ids)
         if segment.kind == "text" or len(ids) <= max_passage_tokens:
             yield segment.kind, ids
             continue

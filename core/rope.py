@@ -85,5 +85,7 @@ def rerotate(keys: torch.Tensor, rot: Rotation | None) -> torch.Tensor:
     cos, sin = rot
     dim = cos.shape[-1]
     k = keys.float()
+    if dim == k.shape[-1]:  # the usual case: no slicing and no concatenation to pay for
+        return (k * cos + rotate_half(k) * sin).to(keys.dtype)
     turned = k[..., :dim] * cos + rotate_half(k[..., :dim]) * sin
     return torch.cat([turned, k[..., dim:]], dim=-1).to(keys.dtype)
