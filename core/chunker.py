@@ -159,7 +159,7 @@ def _pieces(
     the whitespace between them fixed text, as if each piece had been marked alone."""
     if not segments:
         return
-    # One tokenizer call for every segment: per-segment calls cost ~0.3 ms each.
+    # One tokenizer call for all segments rather than one call per segment.
     batch = tokenizer([s.text for s in segments], add_special_tokens=False)["input_ids"]
     for segment, ids in zip(segments, batch):
         ids = list(ids)

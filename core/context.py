@@ -31,9 +31,9 @@ def build_context(
 ) -> Context:
     """``prefix``: the exact prefix cache's blocks covering at least ``plan.exact`` tokens.
     Passages are loaded (or encoded, when missing) only on the "reuse" route."""
-    if plan.route != "reuse":
-        cache = blocks_cache(prefix, model.config, plan.exact) if plan.exact else None
-        return Context(cache or blocks_cache([], model.config), None, plan.exact)
+    if plan.route != "reuse":  # a prefill ignores the prefix cache's blocks (exact == 0)
+        blocks = prefix if plan.exact else []
+        return Context(blocks_cache(blocks, model.config, plan.exact), None, plan.exact)
     assert reuse is not None, "a reuse plan needs passage reuse"
     passages = [p.tokens for p in plan.passages]
     with timings.stage("lookup"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -32,11 +31,12 @@ def generate_tokens(
     sampling: SamplingOptions,
     on_token: Callable[[int], None] | None,
     cancel: Cancelled,
+    window: int,
 ) -> Decoded:
-    """Decode after ``tokens`` (at most up to the context window), timing the first token."""
+    """Decode after ``tokens``, at most up to a ``window``-token context, timing the first
+    token."""
     collector = TokenCollector(on_token)
     started = time.perf_counter()
-    window = int(model.config.max_position_embeddings)
     max_new = min(sampling.max_new_tokens, window - len(tokens))
     decode(model, tokenizer, tokens, context, sampling, max_new, collector, cancel)
     ended = time.perf_counter()
@@ -87,11 +87,12 @@ def first_token(
     """The token ``generate`` would pick after ``tokens`` from these next-token logits: the
     logits processors it builds from the same generation config (repetition_penalty,
     min_p, temperature, top-k/p, ...) in its order, then argmax or one multinomial draw,
-    so seeded runs agree with a plain ``generate``."""
-    config = copy.deepcopy(config)
+    so seeded runs agree with a plain ``generate``. ``config`` is prepared in place: pass
+    a copy (``SamplingOptions.generation_config`` makes one)."""
     ids = torch.tensor([tokens], device=model.device)
     # transformers has no public builder for generate's processors; these two private
-    # methods are what generate itself calls (pinned by tests/test_engine_api.py).
+    # methods are what generate itself calls (pinned by tests/test_passage_reuse.py's
+    # test_first_token_follows_the_model_generation_config).
     model._prepare_special_tokens(config, True, device=model.device)
     processors = model._get_logits_processor(
         generation_config=config,

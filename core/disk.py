@@ -283,10 +283,10 @@ def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, 
     """Write the file whole or not at all; returns its size."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
-        # Serialized in memory, then written by os.write, which releases the GIL: save_file
-        # holds it while writing, and once the kernel throttles a few GiB of dirty pages
-        # the writer thread then stalled the encoding thread (warming the essay corpus ran
-        # at 0.62x a plain prefill). One 2.7 MB memcpy per passage is the price.
+        # Serialized in memory, then written with a file write, which releases the GIL
+        # while the kernel takes the bytes: save_file writes while holding it, so a write
+        # the kernel throttles (GiBs of dirty pages while warming a corpus) also stops the
+        # encoding thread. One extra 2.7 MB copy per passage is the price.
         data = save(tensors, metadata=meta)
         with os.fdopen(fd, "wb") as f:
             f.write(data)

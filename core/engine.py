@@ -263,7 +263,14 @@ class KVBoost:
                 plan, blocks = self._plan(prompt)
             context = build_context(self.model, plan, blocks, self._reuse, timings)
             decoded = generate_tokens(
-                self.model, self.tokenizer, plan.tokens, context, sampling, on_token, cancel
+                self.model,
+                self.tokenizer,
+                plan.tokens,
+                context,
+                sampling,
+                on_token,
+                cancel,
+                self.context_window,
             )
             with timings.stage("store"):
                 self._remember(plan, context, decoded.token_ids)

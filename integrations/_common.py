@@ -80,9 +80,10 @@ class SamplingFields(BaseModel):
         """The engine's keyword options: these fields, with a call's ``overrides`` (any
         of ``SAMPLING_OPTIONS``; None keeps the field) on top. Validated here, so a bad
         value fails before the model runs."""
-        overrides = overrides or {}
-        value = {name: overrides.get(name) for name in SAMPLING_OPTIONS}
-        chosen = {k: getattr(self, k) if v is None else v for k, v in value.items()}
+        given = overrides or {}
+        chosen = {
+            k: getattr(self, k) if given.get(k) is None else given[k] for k in SAMPLING_OPTIONS
+        }
         options = {
             "max_new_tokens": chosen["max_tokens"],
             "temperature": chosen["temperature"],
