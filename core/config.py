@@ -15,6 +15,17 @@ T = TypeVar("T")
 Fidelity = Literal["exact", "balanced", "fast"]
 FIDELITY_LEVELS: tuple[str, ...] = get_args(Fidelity)
 
+# What passages are encoded after. "prompt": the prompt's own prefix (everything before its
+# first passage), so the KV is what a full prefill computes for the first passage and close
+# to it for the others; the cache key folds the prefix in. "anchor": BOS only, one variant
+# per passage for every prompt (lower accuracy, measured in docs/bench/front-*.txt).
+PassagePrefix = Literal["prompt", "anchor"]
+# When a prompt's prefix has no variant of a passage. "nearest": reuse the variant of the
+# known prefix sharing the most leading tokens (reported per request as passages_foreign);
+# "encode": treat it as a miss (encoded now under the real prefix, or the prompt is
+# prefilled plainly and its passages encoded after the answer).
+PrefixFallback = Literal["nearest", "encode"]
+
 
 def check_fidelity(value: str) -> Fidelity:
     """``value`` if it names a fidelity level; else ``ValueError`` listing them."""
@@ -52,7 +63,12 @@ class KVBoostConfig:
     probe_layers: int | None = None
     # Passages longer than this split into sentence-aligned pieces, each cached alone.
     max_passage_tokens: int = 512
-    # Encode passages after the tokenizer's BOS (not stored) instead of at position 0.
+    # Encode passages after the prompt's own prefix or after BOS only (see PassagePrefix).
+    passage_prefix: PassagePrefix = "prompt"
+    # A passage whose prompt prefix has no cached variant (see PrefixFallback).
+    prefix_fallback: PrefixFallback = "nearest"
+    # Encode passages after the tokenizer's BOS (not stored) instead of at position 0, where
+    # there is no prompt prefix to encode them after.
     passage_anchor: bool = True
     # Padded tokens per passage-encoding batch (bounds peak memory while warming).
     encode_batch_tokens: int = 8192
@@ -63,6 +79,8 @@ class KVBoostConfig:
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
+        _check_choice("passage_prefix", self.passage_prefix, PassagePrefix)
+        _check_choice("prefix_fallback", self.prefix_fallback, PrefixFallback)
         if self.max_cache_bytes < 0:
             raise ValueError(f"max_cache_bytes must be >= 0, got {self.max_cache_bytes}")
         if not 1 <= self.block_tokens <= 4096:
@@ -93,6 +111,11 @@ class KVBoostConfig:
             edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
             probe_layers=_pick(self.probe_layers, base.probe_layers),
         )
+
+
+def _check_choice(name: str, value: object, choices: object) -> None:
+    if value not in get_args(choices):
+        raise ValueError(f"{name} must be one of {get_args(choices)}, got {value!r}")
 
 
 def _pick(value: T | None, default: T) -> T:

@@ -35,13 +35,15 @@ def build_context(
         blocks = prefix if plan.exact else []
         return Context(blocks_cache(blocks, model.config, plan.exact), None, plan.exact)
     assert reuse is not None, "a reuse plan needs passage reuse"
+    assert plan.prefix is not None, "a reuse plan knows its passages' prefix"
     passages = [p.tokens for p in plan.passages]
+    sources = [p.source for p in plan.passages]
     with timings.stage("lookup"):
-        known = reuse.cache.cached(passages)
+        known = reuse.cache.cached(sources, passages)
     with timings.stage("encode" if None in known else "lookup"):
-        kvs = reuse.cache.fetch(passages, known).kv
+        found = reuse.cache.fetch(plan.prefix, passages, sources, known)
     with timings.stage("assemble"):
-        assembled = reuse.assemble(plan, prefix, kvs)
+        assembled = reuse.assemble(plan, prefix, found)
     with timings.stage("repair"):
         cache, logits, kept = reuse.repair(plan, assembled)
     return Context(cache, logits, plan.exact + kept)

@@ -21,20 +21,22 @@ from kvboost_rag.core.context import Context, build_context
 from kvboost_rag.core.decoding import Decoded, eos_ids, generate_tokens, model_lock
 from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.fingerprint import model_fingerprint
-from kvboost_rag.core.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
+from kvboost_rag.core.kv import LayerKV
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
+from kvboost_rag.core.passage_encoder import PassageEncoder
 from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.plan import Plan, make_plan
 from kvboost_rag.core.prefix import PrefixCache
-from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens
-from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, WarmResult, elapsed_ms
+from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens, before_passages
+from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, elapsed_ms
 from kvboost_rag.core.reuse import PassageReuse
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, cut_at_stop
 from kvboost_rag.core.tiers import TieredStore
+from kvboost_rag.core.warming import Warming
 
 
-class KVBoost:
+class KVBoost(Warming):
     """A model, its tokenizer and KV caches that make repeated context cheap.
 
     Safe to share between threads: requests run one at a time under a lock held by the
@@ -78,7 +80,11 @@ class KVBoost:
             else []
         )
         cache = PassageCache(
-            self._store, self.model, self.fingerprint, anchor, self.config.encode_batch_tokens
+            self._store,
+            PassageEncoder(self.model, self.config.encode_batch_tokens),
+            self.fingerprint,
+            anchor,
+            nearest=self.config.prefix_fallback == "nearest",
         )
         return PassageReuse(self.model, cache, self.support, settings)
 
@@ -145,77 +151,48 @@ class KVBoost:
         sampling = SamplingOptions.build(**options)
         return self._stream(self._prompts.chat(messages), sampling, start)
 
-    def warm(self, text: str) -> WarmResult:
-        """Prefill ``text`` and cache it as an exact prefix of later prompts."""
-        start = time.perf_counter()
-        tokens = self._prompts.text(text).tokens
-        with self._lock, torch.inference_mode():
-            match = self._prefix.match(tokens)
-            cache = blocks_cache(match.blocks, self.model.config, match.length)
-            new = 0
-            if match.length < len(tokens):
-                tail = torch.tensor([tokens[match.length :]], device=self.model.device)
-                self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
-                new = self._prefix.insert(tokens, cache, len(tokens))
-            size = kv_nbytes(layer_kv(cache))
-        blocks = -(-len(tokens) // self.config.block_tokens)
-        cached = -(-match.length // self.config.block_tokens)
-        return WarmResult(1, blocks, len(tokens), cached, new, size, time.perf_counter() - start)
-
-    def warm_passages(
-        self,
-        texts: Sequence[str] | str,
-        *,
-        batch_size: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> WarmResult:
-        """Encode and cache passages so later prompts that contain them reuse their KV
-        (written through to ``cache_dir`` when set).
-
-        Each text of a list is one passage (long ones split at sentences, as in prompts);
-        a single string is a prompt whose ``passage()``-marked passages are warmed.
-        ``batch_size`` caps the passages per forward pass (default: by padded tokens).
-        ``progress`` is called with the number of pieces done as batches finish. Returns
-        once the KV is on disk too.
-        """
-        if self._reuse is None:
-            why = 'fidelity="exact"' if self.config.fidelity == "exact" else self.support.reason
-            raise ValueError(f"passage reuse is off ({why}): there are no passages to warm")
-        start = time.perf_counter()
-        pieces = self._prompts.passages(texts)
-        with self._lock, torch.inference_mode():
-            found = self._reuse.cache.fetch(pieces, batch_size=batch_size, progress=progress)
-            self._store.flush()  # warmed means on disk, for every process
-        documents = 1 if isinstance(texts, str) else len(texts)
-        return WarmResult(
-            documents,
-            len(pieces),
-            sum(map(len, pieces)),
-            found.hits,
-            found.misses,
-            sum(kv_nbytes(kv) for kv in found.kv),
-            time.perf_counter() - start,
-        )
-
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
     ) -> torch.Tensor:
         """Next-token logits after ``prompt`` (text, or chat messages), computed on the same
         cached path as ``generate`` / ``chat``, for fidelity checks against a full prefill.
         Stores no prefix; passages it encodes are cached, as in ``generate``."""
-        tokenized = (
-            self._prompts.text(prompt, passages)
-            if isinstance(prompt, str)
-            else self._prompts.chat(prompt)
-        )
+        return self._prompt_logits(self._tokenized(prompt, passages), [])[0]
+
+    def answer_logits(
+        self,
+        prompt: str | Sequence[Message],
+        answer_ids: Sequence[int],
+        *,
+        passages: Sequence[str] | None = None,
+    ) -> torch.Tensor:
+        """``[len(answer_ids), vocab]`` float32 logits predicting each answer token, fed
+        the answer before it (teacher forcing), on the same cached path as ``generate``:
+        to compare a whole answer's distributions with a full prefill's."""
+        if not answer_ids:
+            raise ValueError("answer_ids is empty: pass the answer's token ids")
+        return self._prompt_logits(self._tokenized(prompt, passages), list(answer_ids[:-1]))
+
+    def _tokenized(
+        self, prompt: str | Sequence[Message], passages: Sequence[str] | None
+    ) -> TokenizedPrompt:
+        if isinstance(prompt, str):
+            return self._prompts.text(prompt, passages)
+        return self._prompts.chat(prompt)
+
+    def _prompt_logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
+        """Logits after the prompt and after each token of ``more`` fed behind it."""
         with self._lock, torch.inference_mode():
-            plan, blocks = self._plan(tokenized)
+            plan, blocks = self._plan(prompt)
             context = build_context(self.model, plan, blocks, self._reuse, Timings())
-            if context.logits is not None:
-                return context.logits.float()
-            rest = torch.tensor([plan.tokens[plan.exact :]], device=self.model.device)
-            out = self.model(input_ids=rest, cache=context.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()
+            rows = [context.logits[None]] if context.logits is not None else []
+            feed = more if rows else plan.tokens[plan.exact :] + more
+            if feed:
+                ids = torch.tensor([feed], device=self.model.device)
+                keep = len(more) + (0 if rows else 1)
+                out = self.model(input_ids=ids, cache=context.cache, logits_to_keep=keep)
+                rows.append(out.logits[0])
+        return torch.cat(rows).float()
 
     def tokenize(self, prompt: str, *, passages: Sequence[str] | None = None) -> list[int]:
         """The exact token ids the model sees for ``prompt`` (markers removed)."""
@@ -281,8 +258,12 @@ class KVBoost:
 
     def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:
         match = self._prefix.match(prompt.tokens)
-        is_cached = self._reuse.is_cached if self._reuse is not None else None
-        return make_plan(prompt, match.length, is_cached), match.blocks
+        if self._reuse is None or not prompt.passages:
+            return make_plan(prompt, match.length, None, None), match.blocks
+        own = before_passages(prompt) if self.config.passage_prefix == "prompt" else []
+        prefix = self._reuse.cache.prefix(own)
+        locate = self._reuse.cache.locator(prefix)
+        return make_plan(prompt, match.length, prefix, locate), match.blocks
 
     def _remember(self, plan: Plan, context: Context, generated: list[int]) -> None:
         """Store the new exact blocks of the prompt (and the answer) for later requests, and
@@ -292,9 +273,13 @@ class KVBoost:
         exact = len(stream) if plan.exact_upto is None else plan.exact_upto
         upto = min(len(stream), context.cache.get_seq_length(), exact)
         self._prefix.insert(stream, context.cache, upto)
-        if plan.deferred:
-            assert self._reuse is not None  # only a passage plan defers passages
-            self._reuse.cache.fetch(plan.deferred, known=[None] * len(plan.deferred))
+        if self._reuse is None or plan.prefix is None:
+            return
+        # A recurring layout gets its own variants of the passages it had to borrow.
+        borrowed = plan.foreign_passages if self._reuse.cache.recurring(plan.prefix) else []
+        if plan.deferred or borrowed:
+            encode = plan.deferred + borrowed
+            self._reuse.cache.fetch(plan.prefix, encode, [None] * len(encode))
 
     def _result(
         self,
@@ -328,4 +313,5 @@ class KVBoost:
             timings=timings,
             passages_hit=plan.hits,
             passages_missed=plan.misses,
+            passages_foreign=plan.foreign,
         )

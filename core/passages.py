@@ -1,26 +1,42 @@
-"""Passage cache: each passage's KV computed once, alone, and reused at any position.
+"""Passage cache: each passage's KV computed once after a prefix and reused at any position.
 
-Keys are content keys (no parent): model fingerprint + anchor + the passage's tokens. KV is
-encoded after a short fixed anchor (BOS where the tokenizer has one) that is not stored, so
-the passage's first token is not computed as an attention sink; its canonical position is
-therefore ``len(anchor)``.
+A passage is encoded with a *prefix* as its past: the prompt's own text before its first
+passage (chat head, system prompt, user header), or a short anchor (BOS) where there is
+none. The prefix conditions the passage's KV, so the key folds it in: one variant of a
+passage per prefix. Its canonical position is ``len(prefix)``.
+
+A prompt whose prefix holds no variant of a passage may use the variant of another known
+prefix (the one sharing the most leading tokens): close, not equal, and reported as
+foreign. Known prefixes are those this cache warmed, encoded under or served, newest first.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
-
-import torch
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from kvboost_rag.core.keys import digest, token_bytes
-from kvboost_rag.core.kv import LayerKV, batch_rows, to_cache
+from kvboost_rag.core.kv import LayerKV
+from kvboost_rag.core.passage_encoder import PassageEncoder
 from kvboost_rag.core.tiers import TieredStore
+
+# Prefixes remembered for the fallback; an app has a few layouts, a question-first
+# template one prefix per request, so old ones age out.
+KNOWN_PREFIXES = 64
+
+
+class Prefix(NamedTuple):
+    """What passages are encoded after."""
+
+    tokens: tuple[int, ...]
+    key: bytes  # folds in the model fingerprint and the tokens
 
 
 class PassageLookup(NamedTuple):
-    kv: list[LayerKV]  # per passage, at canonical positions
+    kv: list[LayerKV]  # per passage, from its stored position len(source.tokens)
+    sources: list[Prefix]  # per passage, the prefix its KV was encoded after
     hits: int
     misses: int
     encode_ms: float  # time spent encoding the misses
@@ -30,127 +46,120 @@ class PassageCache:
     def __init__(
         self,
         store: TieredStore,
-        model: Any,
+        encoder: PassageEncoder,
         fingerprint: bytes,
         anchor: list[int],
-        batch_tokens: int,
+        nearest: bool,
     ) -> None:
         self.store = store
-        self.model = model
-        self.anchor = anchor
-        self.batch_tokens = batch_tokens  # padded tokens per encoding batch (bounds memory)
-        self._root = digest(b"passage-root", fingerprint, token_bytes(anchor))
+        self.encoder = encoder
+        self.anchor = tuple(anchor)  # the prefix of passages that have none in their prompt
+        self.nearest = nearest  # whether a foreign prefix's variant may serve a passage
+        self._root = digest(b"passage-root", fingerprint)
+        self._known: OrderedDict[bytes, Prefix] = OrderedDict()
+        self._served: dict[bytes, int] = {}  # prompts located per known prefix
 
-    @property
-    def offset(self) -> int:
-        """Position of a passage's first token in its stored KV."""
-        return len(self.anchor)
+    def prefix(self, tokens: Sequence[int]) -> Prefix:
+        """The prefix passages following ``tokens`` are encoded after (the anchor when empty)."""
+        tokens = tuple(tokens) or self.anchor
+        return Prefix(tokens, digest(b"passage-prefix", self._root, token_bytes(tokens)))
 
-    def key(self, tokens: Sequence[int]) -> bytes:
-        return digest(b"passage", self._root, token_bytes(tokens))
+    def key(self, prefix: Prefix, tokens: Sequence[int]) -> bytes:
+        return digest(b"passage", prefix.key, token_bytes(tokens))
 
-    def __contains__(self, tokens: Sequence[int]) -> bool:
-        """Whether the passage is stored (reads no KV; it may still be evicted before use)."""
-        return self.key(tokens) in self.store
+    def __contains__(self, item: tuple[Prefix, Sequence[int]]) -> bool:
+        """Whether a (prefix, passage) variant is stored (reads no KV; it may still be
+        evicted before use)."""
+        return self.key(*item) in self.store
 
-    def cached(self, passages: Sequence[Sequence[int]]) -> list[LayerKV | None]:
-        """Stored KV of each passage, None where it is not cached."""
-        out: list[LayerKV | None] = []
-        for tokens in passages:
-            entry = self.store.get(self.key(tokens), tuple(tokens))
-            out.append(None if entry is None else entry.kv)
-        return out
+    def locator(self, prefix: Prefix) -> Callable[[Sequence[int]], Prefix | None]:
+        """For a prompt with ``prefix``: a function from a passage to the prefix whose
+        stored variant serves it (``prefix`` itself first; with ``nearest``, else the
+        known prefix sharing the most leading tokens), None when none is stored."""
+        self._remember(prefix)
+        self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
+        others = self._by_closeness(prefix) if self.nearest else []
+
+        def locate(tokens: Sequence[int]) -> Prefix | None:
+            for candidate in [prefix, *others]:
+                if (candidate, tokens) in self:
+                    self._remember(candidate)
+                    return candidate
+            return None
+
+        return locate
+
+    def recurring(self, prefix: Prefix) -> bool:
+        """Whether more than one prompt with ``prefix`` was located: a layout that comes
+        back, worth encoding its own variants for (a per-request prefix is not)."""
+        return self._served.get(prefix.key, 0) > 1
+
+    def cached(
+        self, sources: Sequence[Prefix | None], passages: Sequence[Sequence[int]]
+    ) -> list[LayerKV | None]:
+        """Stored KV of each passage under its source prefix, None where there is none."""
+        return [
+            None if source is None else self._get(source, tokens)
+            for source, tokens in zip(sources, passages)
+        ]
 
     def fetch(
         self,
+        prefix: Prefix,
         passages: Sequence[Sequence[int]],
+        sources: Sequence[Prefix | None] | None = None,
         known: Sequence[LayerKV | None] | None = None,
         batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> PassageLookup:
-        """KV of every passage: cached ones from the store (or ``known``, a prior
-        ``cached()`` answer), the rest encoded in batches and stored. Duplicates in one
-        request are encoded once."""
-        known = self.cached(passages) if known is None else known
-        all_keys = [self.key(tokens) for tokens in passages]
-        found: dict[bytes, LayerKV] = {}
-        missing: dict[bytes, tuple[int, ...]] = {}
-        for tokens, key, kv in zip(passages, all_keys, known):
-            if kv is not None:
-                found[key] = kv
-            elif key not in found:
-                missing[key] = tuple(tokens)
+        """KV of every passage: from its source variant when stored (``sources`` default to
+        ``prefix``; ``known`` is a prior ``cached()`` answer), the rest encoded after
+        ``prefix`` in batches and stored. Duplicates in one request are encoded once."""
+        self._remember(prefix)
+        sources = [prefix] * len(passages) if sources is None else sources
+        known = self.cached(sources, passages) if known is None else known
+        missing: dict[tuple[int, ...], list[int]] = {}
+        for i, (tokens, kv) in enumerate(zip(passages, known)):
+            if kv is None:
+                missing.setdefault(tuple(tokens), []).append(i)
+        kvs = list(known)
+        used = [prefix if kv is None else source for kv, source in zip(known, sources)]
         start = time.perf_counter()
-        keys = list(missing)
+        unique = list(missing)
         # Store each batch as it is encoded: its disk writes overlap the next batch.
-        for i, kv in self.encode_batches(list(missing.values()), batch_size):
-            found[keys[i]] = kv
-            self.store.put(keys[i], missing[keys[i]], kv, persist=True)
+        for i, kv in self.encoder.encode(prefix.tokens, unique, batch_size):
+            self.store.put(self.key(prefix, unique[i]), prefix.tokens + unique[i], kv, True)
+            for j in missing[unique[i]]:
+                kvs[j] = kv
             if progress is not None:
                 progress(1)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
         hits = sum(kv is not None for kv in known)
-        kvs = [found[key] for key in all_keys]
-        return PassageLookup(kvs, hits, len(passages) - hits, encode_ms)
+        return PassageLookup(kvs, used, hits, len(passages) - hits, encode_ms)  # type: ignore[arg-type]
 
-    def encode(
-        self, passages: Sequence[Sequence[int]], batch_size: int | None = None
-    ) -> list[LayerKV]:
-        """Encode passages alone after the anchor; similar lengths share a padded batch of
-        at most ``batch_tokens`` padded tokens and ``batch_size`` rows."""
-        out = dict(self.encode_batches(passages, batch_size))
-        return [out[i] for i in range(len(passages))]
+    def _get(self, prefix: Prefix, tokens: Sequence[int]) -> LayerKV | None:
+        entry = self.store.get(self.key(prefix, tokens), prefix.tokens + tuple(tokens))
+        return None if entry is None else entry.kv
 
-    def encode_batches(
-        self, passages: Sequence[Sequence[int]], batch_size: int | None = None
-    ) -> Iterator[tuple[int, LayerKV]]:
-        """``(index, kv)`` of each passage, batch by batch as they are encoded."""
-        for batch in self.batches(passages, batch_size):
-            yield from zip(batch, self._encode_batch([passages[i] for i in batch]))
+    def _remember(self, prefix: Prefix) -> None:
+        self._known[prefix.key] = prefix
+        self._known.move_to_end(prefix.key)
+        while len(self._known) > KNOWN_PREFIXES:
+            old, _ = self._known.popitem(last=False)
+            self._served.pop(old, None)
 
-    def batches(
-        self, passages: Sequence[Sequence[int]], batch_size: int | None = None
-    ) -> list[list[int]]:
-        """How ``encode`` groups passages: indices of each padded batch."""
-        order = sorted(range(len(passages)), key=lambda i: len(passages[i]))
-        return _batches(order, passages, self.batch_tokens, batch_size)
-
-    def padded(self, passages: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Input ids and attention mask of one batch: anchor + passage, right-padded.
-        Real tokens never attend to the pads that follow them, and their positions are
-        0..n-1 as in a single-passage encode."""
-        a = len(self.anchor)
-        ids = torch.zeros((len(passages), a + max(len(p) for p in passages)), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, tokens in enumerate(passages):
-            ids[row, : a + len(tokens)] = torch.tensor([*self.anchor, *tokens])
-            mask[row, : a + len(tokens)] = 1
-        return ids.to(self.model.device), mask.to(self.model.device)
-
-    def _encode_batch(self, passages: Sequence[Sequence[int]]) -> list[LayerKV]:
-        ids, mask = self.padded(passages)
-        cache = to_cache([], self.model.config)  # full-length layers, sliding ones too
-        self.model(
-            input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1
-        )
-        a = len(self.anchor)
-        return batch_rows(cache, [a] * len(passages), [len(p) for p in passages])
+    def _by_closeness(self, prefix: Prefix) -> list[Prefix]:
+        """Known prefixes other than ``prefix``: most shared leading tokens first, then
+        the most recently used."""
+        newest_first = [p for p in reversed(self._known.values()) if p.key != prefix.key]
+        return sorted(newest_first, key=lambda p: -_shared(p.tokens, prefix.tokens))
 
 
-def _batches(
-    order: list[int], passages: Sequence[Sequence[int]], budget: int, rows: int | None
-) -> list[list[int]]:
-    """Consecutive runs of ``order`` whose padded size (rows x longest) fits ``budget``
-    and, when given, whose row count fits ``rows``."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = len(passages[i])  # order is ascending, so the newest is the longest
-        full = rows is not None and len(current) >= rows
-        if current and (full or (len(current) + 1) * longest > budget):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

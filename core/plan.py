@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvboost_rag.core.chunker import TokenizedPrompt
+from kvboost_rag.core.passages import Prefix
 
 # A prefill over a cached prefix cannot use the causal fast path of scaled_dot_product_
 # attention: transformers passes an explicit mask, measured 1.45x slower per token on CPU
@@ -38,7 +39,11 @@ class PlannedPassage:
     offset: int  # where the whole passage starts in the prompt (start > offset when the
     # exact prefix already covers its head)
     tokens: tuple[int, ...]  # the whole passage: its identity in the passage cache
-    cached: bool  # found in the passage cache when planned
+    source: Prefix | None  # the prefix of the stored variant to reuse; None: not cached
+
+    @property
+    def cached(self) -> bool:
+        return self.source is not None
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,12 @@ class Plan:
     exact: int  # positions [0, exact) come from the exact prefix cache
     passages: tuple[PlannedPassage, ...]  # passages after the exact prefix, in order
     route: Route  # prefill: no cache; prefix: exact prefix + prefill; reuse: passages too
+    prefix: Prefix | None = None  # what this prompt's passages are encoded after
+
+    @property
+    def foreign(self) -> int:
+        """Passages reused from a variant encoded after another prefix than this prompt's."""
+        return len(self.foreign_passages)
 
     @property
     def hits(self) -> int:
@@ -59,8 +70,18 @@ class Plan:
 
     @property
     def deferred(self) -> list[tuple[int, ...]]:
-        """Passages to encode after the answer: those a plainly prefilled prompt missed."""
-        return [] if self.route == "reuse" else [p.tokens for p in self.passages if not p.cached]
+        """Passages to encode after the answer: those a plainly prefilled prompt has no
+        variant of under its own prefix."""
+        if self.route == "reuse":
+            return []
+        return [p.tokens for p in self.passages if p.source != self.prefix]
+
+    @property
+    def foreign_passages(self) -> list[tuple[int, ...]]:
+        """Passages reused from another prefix's variant."""
+        if self.route != "reuse":
+            return []
+        return [p.tokens for p in self.passages if p.source not in (None, self.prefix)]
 
     @property
     def exact_upto(self) -> int | None:
@@ -68,32 +89,34 @@ class Plan:
         return self.passages[0].start if self.route == "reuse" else None
 
 
+Locate = Callable[[Sequence[int]], Prefix | None]
+
+
 def make_plan(
-    prompt: TokenizedPrompt, matched: int, is_cached: Callable[[Sequence[int]], bool] | None
+    prompt: TokenizedPrompt, matched: int, prefix: Prefix | None, locate: Locate | None
 ) -> Plan:
     """``matched``: prompt tokens the exact prefix cache holds from position 0.
-    ``is_cached``: whether the passage cache holds a passage (None: no passage reuse)."""
+    ``prefix``: what this prompt's passages are encoded after; ``locate``: the prefix whose
+    stored variant of a passage serves it, or None (both None: no passage reuse)."""
     tokens, length = prompt.tokens, len(prompt.tokens) - 1
     exact = min(matched, length)
-    passages = () if is_cached is None else _passages(prompt, exact, length, is_cached)
+    passages = () if locate is None else _passages(prompt, exact, length, locate)
     missing = sum(len(p.tokens) for p in passages if not p.cached)
     if passages and missing <= COLD_SHARE * sum(len(p.tokens) for p in passages):
-        return Plan(tokens, length, exact, passages, "reuse")
+        return Plan(tokens, length, exact, passages, "reuse", prefix)
     if (length - exact) * MASKED_PREFILL_COST >= length:
         exact = 0  # too little cached to pay for the masked attention a cached prefix forces
-    return Plan(tokens, length, exact, passages, "prefix" if exact else "prefill")
+    return Plan(tokens, length, exact, passages, "prefix" if exact else "prefill", prefix)
 
 
 def _passages(
-    prompt: TokenizedPrompt, exact: int, length: int, is_cached: Callable[[Sequence[int]], bool]
+    prompt: TokenizedPrompt, exact: int, length: int, locate: Locate
 ) -> tuple[PlannedPassage, ...]:
     out = []
     for start, end in prompt.passages:
         if min(end, length) > exact:
             tokens = tuple(prompt.tokens[start:end])
             out.append(
-                PlannedPassage(
-                    max(start, exact), min(end, length), start, tokens, is_cached(tokens)
-                )
+                PlannedPassage(max(start, exact), min(end, length), start, tokens, locate(tokens))
             )
     return tuple(out)

@@ -44,6 +44,23 @@ class PromptEncoder:
                 raise ContextWindowError(len(piece), self.context_window, what="a passage")
         return pieces
 
+    def prefix(self, spec: str | Sequence[Message]) -> list[int]:
+        """The tokens before the first passage of ``spec``: a completion prompt (all of it
+        when it marks no passage) or chat messages that mark where passages go."""
+        if isinstance(spec, str):
+            prompt = tokenize_segments(
+                parse_segments(spec), self.tokenizer, self.special_prefix, self.max_passage_tokens
+            )
+        elif isinstance(spec, (list, tuple)):
+            prompt = self.chat(spec)
+            if not prompt.passages:
+                raise ValueError(
+                    "prefix messages mark no passage: put passage(text) where the passages go"
+                )
+        else:
+            raise TypeError(f"prefix must be a str or chat messages, got {type(spec).__name__}")
+        return before_passages(prompt)
+
     def chat(self, messages: Sequence[Message]) -> TokenizedPrompt:
         """Messages through the tokenizer's chat template (markers survive it)."""
         if not messages:
@@ -67,6 +84,11 @@ class PromptEncoder:
         if len(prompt.tokens) >= self.context_window:
             raise ContextWindowError(len(prompt.tokens), self.context_window)
         return prompt
+
+
+def before_passages(prompt: TokenizedPrompt) -> list[int]:
+    """The prompt's tokens before its first passage (all of them when it has none)."""
+    return prompt.tokens[: prompt.passages[0][0]] if prompt.passages else prompt.tokens
 
 
 def _special_prefix(tokenizer: Any) -> list[int]:

@@ -90,11 +90,31 @@ def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
     return [reused[i] for i in top.tolist()]
 
 
+def choose_passages(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Whole passages, those whose tokens the question attends to most on average, up to
+    ``recompute_ratio`` of the reused tokens (at least one passage): the passage holding
+    the answer then sees its neighbours as in a full prefill."""
+    reused = sum(end - start for start, end in plan.spans)
+    budget = settings.recompute_ratio * reused
+    if not budget:
+        return []
+    depth = len(model_support(model).layers)
+    score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
+    ranked = sorted(plan.spans, key=lambda span: -float(score[span[0] : span[1]].mean()))
+    chosen: list[int] = []
+    for start, end in ranked:
+        if chosen and len(chosen) + end - start > budget:
+            break
+        chosen.extend(range(start, end))
+    return chosen
+
+
 STRATEGIES: dict[str, Strategy] = {
     "none": choose_none,
     "edges": choose_edges,
     "deviation": choose_deviation,
     "query": choose_query,
+    "passage": choose_passages,
 }
 
 

@@ -65,6 +65,10 @@ class GenerationResult:
     timings: Timings = field(default_factory=Timings)
     passages_hit: int = 0  # passages whose KV came from the passage cache
     passages_missed: int = 0  # passages encoded for this request (and now cached)
+    # Of the hits, passages whose KV was encoded after another prompt prefix than this
+    # one's (the "nearest" fallback): close to, not equal to, what the prompt's own prefix
+    # gives. Warm with prefix= to make it 0.
+    passages_foreign: int = 0
 
     @property
     def kv_reuse_ratio(self) -> float:

@@ -3,7 +3,6 @@ mends it. One object, absent at fidelity "exact" and for models that cannot move
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -11,7 +10,7 @@ from transformers import DynamicCache
 
 from kvboost_rag.core.arch import ModelSupport
 from kvboost_rag.core.kv import LayerKV, concat_kv
-from kvboost_rag.core.passages import PassageCache
+from kvboost_rag.core.passages import PassageCache, PassageLookup
 from kvboost_rag.core.plan import Plan
 from kvboost_rag.core.repair import RepairPlan, RepairSettings, get_strategy, recompute
 from kvboost_rag.core.rope import rerotate, rotations
@@ -26,12 +25,10 @@ class PassageReuse:
         self.support = support
         self.settings = repair
 
-    def is_cached(self, tokens: Sequence[int]) -> bool:
-        return tokens in self.cache
-
-    def assemble(self, plan: Plan, prefix: list[LayerKV], kvs: Sequence[LayerKV]) -> LayerKV:
+    def assemble(self, plan: Plan, prefix: list[LayerKV], found: PassageLookup) -> LayerKV:
         """KV for positions [0, plan.length): the exact prefix, each passage re-rotated from
         its stored position to its place, zeros where tokens are computed fresh."""
+        kvs = found.kv
         template = kvs[0][0][0]
         shape = (1, template.shape[1], plan.length, template.shape[3])
         out = [(template.new_zeros(shape), template.new_zeros(shape)) for _ in kvs[0]]
@@ -41,9 +38,14 @@ class PassageReuse:
                     pk[:, :, : plan.exact],
                     pv[:, :, : plan.exact],
                 )
-        for passage, kv in zip(plan.passages, kvs):
+        for passage, kv, source in zip(plan.passages, kvs, found.sources):
             skip = passage.start - passage.offset  # the head the exact prefix already covers
-            rots = rotations(passage.offset - self.cache.offset, self.support.rotaries, template)
+            shift = passage.offset - len(source.tokens)
+            rots = (
+                rotations(shift, self.support.rotaries, template)
+                if shift
+                else [None] * len(kv)  # right after its own prefix: stored as it is needed
+            )
             span = slice(skip, skip + passage.end - passage.start)
             for (k, v), (pk, pv), rot in zip(out, kv, rots):
                 k[:, :, passage.start : passage.end] = rerotate(pk[:, :, span], rot)

@@ -30,8 +30,8 @@ def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokeni
     engine = engine_with(arch, tokenizer)
     cache = engine._reuse.cache
     tokens = tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
-    (stored,) = cache.encode([tokens])
-    delta, a = 37, cache.offset
+    ((_, stored),) = cache.encoder.encode(cache.anchor, [tokens])
+    delta, a = 37, len(cache.anchor)
     ids = torch.tensor([[*cache.anchor, *tokens]])
     with torch.no_grad():
         out = engine.model(ids, position_ids=torch.arange(delta, delta + ids.shape[1])[None])
@@ -42,7 +42,7 @@ def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokeni
         torch.testing.assert_close(values, fresh.values[:, :, a:], atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("strategy", ["deviation", "query"])
+@pytest.mark.parametrize("strategy", ["deviation", "query", "passage"])
 def test_recomputing_every_token_equals_full_prefill(arch: str, tokenizer, strategy: str) -> None:
     engine = engine_with(arch, tokenizer, repair=strategy, recompute_ratio=1.0)
     engine.warm_passages(DOCS)
@@ -180,8 +180,10 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     engine = engine_with("llama", tokenizer)
     prompt = engine._prompts.text(QUESTION, DOCS)
     n = len(prompt.tokens) - 1
-    kv = engine._reuse.cache.fetch([prompt.tokens[s:e] for s, e in prompt.passages]).kv
-    assembled = engine._reuse.assemble(make_plan(prompt, 0, lambda tokens: True), [], kv)
+    cache = engine._reuse.cache
+    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
+    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
+    assembled = engine._reuse.assemble(make_plan(prompt, 0, prefix, lambda t: prefix), [], found)
     plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, assembled)
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
@@ -193,8 +195,32 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     assert engine.model.config._attn_implementation == "sdpa"  # restored after the probe
 
 
+def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -> None:
+    from kvboost_rag.core.plan import make_plan
+    from kvboost_rag.core.repair import (
+        RepairPlan,
+        RepairSettings,
+        choose_passages,
+        question_attention,
+    )
+
+    engine = engine_with("llama", tokenizer)
+    prompt = engine._prompts.text(QUESTION, DOCS)
+    cache = engine._reuse.cache
+    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
+    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
+    assembled = engine._reuse.assemble(make_plan(prompt, 0, prefix, lambda t: prefix), [], found)
+    plan = RepairPlan(prompt.tokens, len(prompt.tokens) - 1, 0, prompt.passages, assembled)
+    with torch.inference_mode():
+        score = question_attention(engine.model, plan, 3)
+        one = choose_passages(plan, RepairSettings("passage", 0, 0.01, None), engine.model)
+        none = choose_passages(plan, RepairSettings("passage", 0, 0.0, None), engine.model)
+    best = max(prompt.passages, key=lambda span: float(score[span[0] : span[1]].mean()))
+    assert one == list(range(*best)) and none == []
+
+
 def test_strategy_registry_lists_choices() -> None:
-    assert {"none", "edges", "deviation", "query"} <= set(STRATEGIES)
+    assert {"none", "edges", "deviation", "query", "passage"} <= set(STRATEGIES)
     with pytest.raises(KeyError, match="choose one of"):
         get_strategy("magic")
     with pytest.raises(ValueError, match="repair must be one of"):
@@ -204,4 +230,4 @@ def test_strategy_registry_lists_choices() -> None:
 def test_passage_keys_depend_on_the_model(tokenizer) -> None:
     a = engine_with("llama", tokenizer)._reuse.cache
     b = engine_with("qwen2", tokenizer)._reuse.cache
-    assert a.key([5, 6, 7]) != b.key([5, 6, 7])
+    assert a.key(a.prefix([1]), [5, 6, 7]) != b.key(b.prefix([1]), [5, 6, 7])

@@ -45,8 +45,8 @@ def plain_prefill_tokens_per_s(engine: KVBoost, texts: list[str]) -> float:
     pieces = engine._prompts.passages(texts)
     start = time.perf_counter()
     with torch.inference_mode():
-        for batch in cache.batches(pieces):
-            ids, mask = cache.padded([pieces[i] for i in batch])
+        for batch in cache.encoder.batches(pieces):
+            ids, mask = cache.encoder.padded(0, [pieces[i] for i in batch])
             engine.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
     return sum(map(len, pieces)) / (time.perf_counter() - start)
 

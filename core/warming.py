@@ -1,0 +1,116 @@
+"""Warming: computing KV before the requests that reuse it (a prefix, or passages for the
+prompt layout they will be used in). A part of ``KVBoost``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from threading import RLock
+from typing import Any
+
+import torch
+
+from kvboost_rag.core.arch import ModelSupport
+from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.kv import blocks_cache, kv_nbytes, layer_kv
+from kvboost_rag.core.prefix import PrefixCache
+from kvboost_rag.core.prompts import Message, PromptEncoder
+from kvboost_rag.core.result import WarmResult
+from kvboost_rag.core.reuse import PassageReuse
+from kvboost_rag.core.tiers import TieredStore
+
+
+class Warming:
+    """``KVBoost``'s warm methods; the engine sets these attributes."""
+
+    model: Any
+    config: KVBoostConfig
+    support: ModelSupport
+    _prompts: PromptEncoder
+    _store: TieredStore
+    _prefix: PrefixCache
+    _reuse: PassageReuse | None
+    _lock: RLock
+
+    def warm(self, text: str) -> WarmResult:
+        """Prefill ``text`` and cache it as an exact prefix of later prompts."""
+        start = time.perf_counter()
+        tokens = self._prompts.text(text).tokens
+        with self._lock, torch.inference_mode():
+            match = self._prefix.match(tokens)
+            cache = blocks_cache(match.blocks, self.model.config, match.length)
+            new = 0
+            if match.length < len(tokens):
+                tail = torch.tensor([tokens[match.length :]], device=self.model.device)
+                self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
+                new = self._prefix.insert(tokens, cache, len(tokens))
+            size = kv_nbytes(layer_kv(cache))
+        blocks = -(-len(tokens) // self.config.block_tokens)
+        cached = -(-match.length // self.config.block_tokens)
+        return WarmResult(1, blocks, len(tokens), cached, new, size, time.perf_counter() - start)
+
+    def warm_passages(
+        self,
+        texts: Sequence[str] | str,
+        *,
+        prefix: str | Sequence[Message] | None = None,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> WarmResult:
+        """Encode and cache passages so later prompts that contain them reuse their KV
+        (written through to ``cache_dir`` when set).
+
+        Each text of a list is one passage (long ones split at sentences, as in prompts);
+        a single string is a prompt whose ``passage()``-marked passages are warmed.
+        ``prefix`` is the prompt layout they will be used in (see ``passage_prefix``):
+        passages are encoded after it, as in that prompt. Without it they are encoded after
+        BOS only, which any prompt can use through ``prefix_fallback="nearest"`` at lower
+        accuracy (``GenerationResult.passages_foreign`` counts such uses).
+        ``batch_size`` caps the passages per forward pass (default: by padded tokens).
+        ``progress`` is called with the number of pieces done as batches finish. Returns
+        once the KV is on disk too.
+        """
+        reuse = self._passage_reuse_on()
+        start = time.perf_counter()
+        pieces = self._prompts.passages(texts)
+        conditioning = reuse.cache.prefix(self.passage_prefix(prefix))
+        with self._lock, torch.inference_mode():
+            found = reuse.cache.fetch(
+                conditioning, pieces, batch_size=batch_size, progress=progress
+            )
+            self._store.flush()  # warmed means on disk, for every process
+        documents = 1 if isinstance(texts, str) else len(texts)
+        return WarmResult(
+            documents,
+            len(pieces),
+            sum(map(len, pieces)),
+            found.hits,
+            found.misses,
+            sum(kv_nbytes(kv) for kv in found.kv),
+            time.perf_counter() - start,
+        )
+
+    def passage_prefix(self, prefix: str | Sequence[Message] | None) -> list[int]:
+        """The tokens passages are encoded after for prompts laid out like ``prefix``.
+
+        ``prefix``: a completion prompt as ``generate`` takes it (the text before its first
+        ``passage()`` marker; all of it when it has none), chat messages as ``chat`` takes
+        them with a ``passage()`` marker where the passages go (the rendered chat template
+        before it), or None (BOS only). Raises ``ValueError`` for messages that mark no
+        passage, or a prefix given with ``passage_prefix="anchor"``.
+        """
+        reuse = self._passage_reuse_on()
+        if prefix is None:
+            return list(reuse.cache.prefix([]).tokens)
+        if self.config.passage_prefix == "anchor":
+            raise ValueError(
+                'passage_prefix="anchor" encodes every passage after BOS only: drop prefix=, '
+                'or use passage_prefix="prompt" to encode passages after it'
+            )
+        return list(reuse.cache.prefix(self._prompts.prefix(prefix)).tokens)
+
+    def _passage_reuse_on(self) -> PassageReuse:
+        if self._reuse is None:
+            why = 'fidelity="exact"' if self.config.fidelity == "exact" else self.support.reason
+            raise ValueError(f"passage reuse is off ({why}): there are no passages to warm")
+        return self._reuse
