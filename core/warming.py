@@ -12,6 +12,7 @@ import torch
 
 from kvboost_rag.core.arch import ModelSupport
 from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.errors import ContextWindowError
 from kvboost_rag.core.kv import blocks_cache, kv_nbytes, layer_kv
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.prompts import Message, PromptEncoder
@@ -74,6 +75,9 @@ class Warming:
         start = time.perf_counter()
         pieces = self._prompts.passages(texts)
         conditioning = reuse.cache.prefix(self.passage_prefix(prefix))
+        longest = len(conditioning.tokens) + max(map(len, pieces), default=0)
+        if longest >= self._prompts.context_window:
+            raise ContextWindowError(longest, self._prompts.context_window, "prefix + passage")
         with self._lock, torch.inference_mode():
             found = reuse.cache.fetch(
                 conditioning, pieces, batch_size=batch_size, progress=progress

@@ -158,3 +158,12 @@ def test_answer_logits_match_a_full_forward_over_prompt_and_answer(tokenizer) ->
         full = engine.model(ids).logits[0, -len(answer) :]
     assert ours.shape == (3, full.shape[-1])
     torch.testing.assert_close(ours, full, atol=1e-5, rtol=0)
+
+
+def test_a_prefix_and_passage_over_the_context_window_is_refused(tokenizer) -> None:
+    from kvboost_rag.core.errors import ContextWindowError
+
+    engine = engine_with("llama", tokenizer)  # a 512-token window
+    with pytest.raises(ContextWindowError, match="prefix \\+ passage is"):
+        engine.warm_passages(["a" * 100], prefix="b" * 450)
+    assert engine.stats().cache.entries == 0
