@@ -111,6 +111,7 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "passages_hit": result.passages_hit,
         "passages_missed": result.passages_missed,
+        "passages_foreign": result.passages_foreign,
         "finish_reason": result.finish_reason,
         "timings": result.timings.as_dict(),
     }
