@@ -1,11 +1,14 @@
 """warm_corpus(): what is warmed is exactly what later prompts contain."""
 
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
 from conftest import make_model
 
-from kvboost_rag import ContextWindowError, KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag import ContextWindowError, KVBoost, KVBoostConfig, format_passages, warm_corpus
+from kvboost_rag.warm import chat_prefix
 
 
 @dataclass
@@ -63,3 +66,49 @@ def test_bad_targets_and_documents(engine: KVBoost) -> None:
         warm_corpus(engine, [""])
     with pytest.raises(ContextWindowError, match="a passage is .* tokens"):
         warm_corpus(engine, ["x" * 600], progress=False)
+
+
+# -- the prefix passages are encoded after ---------------------------------------------
+
+
+def reuse(result) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    return result.passages_hit, result.passages_foreign, result.passages_missed
+
+
+def test_a_prompt_prefix_is_reused_exactly(engine: KVBoost) -> None:
+    prompt = "Answer from these.\n" + format_passages(DOCS[:3]) + "Which item?"
+    warm_corpus(engine, DOCS, prefix=prompt, progress=False)
+    again = "Answer from these.\n" + format_passages(DOCS[2::-1]) + "Which costs 6?"
+    assert reuse(engine.generate(again, max_new_tokens=2)) == (3, 0, 0)
+    # The prefix text alone (no marker) is the same prefix.
+    assert engine.passage_prefix("Answer from these.\n") == engine.passage_prefix(prompt)
+
+
+def test_a_chat_prefix_is_reused_exactly_and_none_is_foreign(engine: KVBoost) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": format_passages(DOCS[:2]) + "Which item?"},
+    ]
+    warm_corpus(engine, DOCS[:2], progress=False)  # no prefix: the generic variant
+    assert reuse(engine.chat(messages, max_new_tokens=2)) == (2, 2, 0)
+    engine.clear_cache()
+    warm_corpus(engine, DOCS[:2], prefix=chat_prefix("Be brief."), progress=False)
+    assert reuse(engine.chat(messages, max_new_tokens=2)) == (2, 0, 0)
+
+
+def test_unknown_prefixes_get_specific_errors(engine: KVBoost) -> None:
+    with pytest.raises(TypeError, match="prefix is a int: pass None, a prompt string"):
+        warm_corpus(engine, DOCS, prefix=3)
+    with pytest.raises(ValueError):  # messages that do not mark where the passages go
+        warm_corpus(engine, DOCS, prefix=[{"role": "user", "content": "no marker"}])
+
+
+def test_warm_imports_no_framework_for_plain_prefixes() -> None:
+    check = (
+        "import sys; from kvboost_rag.warm import resolve_prefix; "
+        "assert resolve_prefix('Docs:', None) == 'Docs:'; "
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('langchain_core', "
+        "'llama_index')]; assert not loaded, loaded"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

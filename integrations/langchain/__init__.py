@@ -15,6 +15,7 @@ from kvboost_rag.integrations.langchain.documents import (  # noqa: E402
     KVBoostTextSplitter,
     format_passages,
     passage_document_prompt,
+    prompt_prefix,
     stuff_documents_kwargs,
 )
 from kvboost_rag.integrations.langchain.llm import KVBoostLLM  # noqa: E402
@@ -26,5 +27,6 @@ __all__ = [
     "KVBoostTextSplitter",
     "format_passages",
     "passage_document_prompt",
+    "prompt_prefix",
     "stuff_documents_kwargs",
 ]

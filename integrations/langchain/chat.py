@@ -62,7 +62,7 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         options, documents = self._request(stop, kwargs)
-        result = self.kv_engine.chat(_as_dicts(messages, documents), **options)
+        result = self.kv_engine.chat(engine_messages(messages, documents), **options)
         stats = self._stats(result)
         message = AIMessage(
             content=result.text, usage_metadata=_usage(result), response_metadata=stats
@@ -113,7 +113,7 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
         """Text deltas as they decode, then one last chunk with usage and statistics.
         Closing this generator early cancels the generation."""
         options, documents = self._request(stop, kwargs)
-        stream = self.kv_engine.stream_chat(_as_dicts(messages, documents), **options)
+        stream = self.kv_engine.stream_chat(engine_messages(messages, documents), **options)
         for delta in stream:
             yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
         result = stream.result
@@ -138,7 +138,9 @@ def _usage(result: GenerationResult) -> UsageMetadata:
     )
 
 
-def _as_dicts(messages: Sequence[BaseMessage], documents: Sequence[Any]) -> list[dict[str, str]]:
+def engine_messages(
+    messages: Sequence[BaseMessage], documents: Sequence[Any]
+) -> list[dict[str, str]]:
     """LangChain messages as chat-template dicts; ``documents`` become marked passages at
     the start of the last user message."""
     dicts = [{"role": _role(m, i), "content": _text(m, i)} for i, m in enumerate(messages)]

@@ -7,12 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.documents import Document
-from langchain_core.prompts import PromptTemplate
+from langchain_core.prompts import BasePromptTemplate, MessagesPlaceholder, PromptTemplate
 from langchain_text_splitters import TextSplitter
 
 from kvboost_rag.core.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.integrations._common import documents_as_passages, split_into_units
+from kvboost_rag.integrations.langchain.chat import ChatKVBoost, engine_messages
+from kvboost_rag.integrations.langchain.llm import KVBoostLLM
+from kvboost_rag.warm import PASSAGE_SLOT
 
 # ``create_stuff_documents_chain`` joins formatted documents with this: the blank line
 # ``format_passages`` puts between passages (any other separator finds the same passages).
@@ -37,6 +40,45 @@ def stuff_documents_kwargs() -> dict[str, Any]:
         "document_prompt": passage_document_prompt(),
         "document_separator": PASSAGE_DOCUMENT_SEPARATOR,
     }
+
+
+def prompt_prefix(
+    template: BasePromptTemplate, llm: Any, document_variable: str = "context"
+) -> str | list[dict[str, str]]:
+    """The prompt ``llm`` gets from a chain over ``template``, with one marked document in
+    ``document_variable``: what ``warm_corpus(llm, docs, prefix=template)`` warms for.
+
+    ``create_stuff_documents_chain(llm, template, **stuff_documents_kwargs())`` puts the
+    documents in ``{context}``; the engine's prefix ends at the first one. Every other
+    variable holds a passage marker too, so a variable before the documents (a question)
+    ends the prefix there: the template's fixed head is warmed, and prompts, whose prefix
+    starts with it, reuse it through ``prefix_fallback="nearest"``. ``ChatKVBoost`` gets
+    the messages (its chat template applies), ``KVBoostLLM`` the text, as LangChain
+    converts the prompt for each.
+    """
+    if document_variable not in template.input_variables:
+        raise ValueError(
+            f"the prompt has no {{{document_variable}}} variable for the documents (it has "
+            f"{template.input_variables}); pass document_variable= the one it uses"
+        )
+    placeholders = {
+        m.variable_name
+        for m in getattr(template, "messages", [])
+        if isinstance(m, MessagesPlaceholder)
+    }
+    values = {
+        name: [("human", PASSAGE_SLOT)] if name in placeholders else PASSAGE_SLOT
+        for name in template.input_variables
+    }
+    prompt = template.format_prompt(**values)
+    if isinstance(llm, ChatKVBoost):
+        return engine_messages(prompt.to_messages(), [])
+    if isinstance(llm, KVBoostLLM):
+        return prompt.to_string()
+    raise TypeError(
+        f"a LangChain prompt's prefix depends on the model it is sent to: pass the chain's "
+        f"ChatKVBoost or KVBoostLLM as warm_corpus's target, not a {type(llm).__name__}"
+    )
 
 
 class KVBoostTextSplitter(TextSplitter):

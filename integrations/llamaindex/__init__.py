@@ -11,6 +11,7 @@ require("llama_index", "llamaindex")
 
 from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM  # noqa: E402
 from kvboost_rag.integrations.llamaindex.node_parser import KVBoostNodeParser  # noqa: E402
+from kvboost_rag.integrations.llamaindex.prefix import query_engine_prefix  # noqa: E402
 from kvboost_rag.integrations.llamaindex.prompt_helper import PassagePromptHelper  # noqa: E402
 from kvboost_rag.integrations.llamaindex.synthesis import (  # noqa: E402
     RESPONSE_MODES,
@@ -29,4 +30,5 @@ __all__ = [
     "mark_nodes",
     "passage_query_engine",
     "passage_synthesizer",
+    "query_engine_prefix",
 ]

@@ -203,7 +203,7 @@ class KVBoostLLM(SamplingFields, CustomLLM):
         options = self._options(kwargs)
         with noting_engine_errors():
             if self.is_chat_model:
-                result = self._engine.chat(_engine_messages(messages), **options)
+                result = self._engine.chat(engine_messages(messages), **options)
             else:
                 result = self._engine.generate(self._messages_prompt(messages), **options)
         return ChatResponse(
@@ -223,7 +223,7 @@ class KVBoostLLM(SamplingFields, CustomLLM):
         options = self._options(kwargs)
         with noting_engine_errors():
             if self.is_chat_model:
-                return self._engine.stream_chat(_engine_messages(messages), **options)
+                return self._engine.stream_chat(engine_messages(messages), **options)
             return self._engine.stream(self._messages_prompt(messages), **options)
 
     def _completion_chunks(
@@ -271,5 +271,5 @@ def _as_chat(chunks: Iterator[CompletionResponse]) -> Generator[ChatResponse, No
         )
 
 
-def _engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+def engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     return [{"role": m.role.value, "content": m.content or ""} for m in messages]
