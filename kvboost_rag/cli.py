@@ -28,13 +28,16 @@ def demo(args: argparse.Namespace) -> None:
 def warm_folder(args: argparse.Namespace) -> None:
     """Warm every matching text file of a folder into ``--cache-dir`` and print the report."""
     from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+    from kvboost_rag.warm import chat_prefix
 
     files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
     if not files:
         raise SystemExit(f"no files match {args.glob!r} in {args.folder}")
     config = KVBoostConfig(cache_dir=args.cache_dir, fidelity=args.fidelity)
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
-    report = warm_corpus(engine, [p.read_text(encoding="utf-8") for p in files])
+    prefix = chat_prefix(args.system) if args.system is not None else args.prefix
+    texts = [p.read_text(encoding="utf-8") for p in files]
+    report = warm_corpus(engine, texts, prefix=prefix)
     disk = engine.stats().disk
     assert disk is not None
     print(
@@ -63,13 +66,33 @@ def main(argv: list[str] | None = None) -> None:
         help="bench [--quick]: every workload and system in one run; "
         "bench chat|rag|warm ...: one workload",
     )
-    w = sub.add_parser("warm", help="warm a folder of text files into a cache_dir")
+    w = sub.add_parser(
+        "warm",
+        help="warm a folder of text files into a cache_dir",
+        description="Encode each text file as a passage into --cache-dir. Passage KV is "
+        "cached for the prompt text before the passages: give --prefix or --system as your "
+        "prompts will have it (without either, a generic variant that any prompt reuses at "
+        "lower quality).",
+    )
     w.add_argument("folder", type=Path)
     w.add_argument("--cache-dir", required=True, help="the disk tier every process reads")
     w.add_argument("--glob", default="*.txt", help="which files of the folder (default *.txt)")
     w.add_argument("--model", default="smollm2-135m-instruct")
     w.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
     w.add_argument("--fidelity", default="balanced", choices=["balanced", "fast"])
+    layout = w.add_mutually_exclusive_group()
+    layout.add_argument(
+        "--prefix",
+        metavar="TEXT",
+        help="completion prompts (generate): the exact text they have before the passages, "
+        "trailing newline included (bash: $'Context:\\n'); the passages are encoded after it",
+    )
+    layout.add_argument(
+        "--system",
+        metavar="TEXT",
+        help="chat prompts (chat template): their system message; the passages open the "
+        "user message after it (the layout of ChatKVBoost's documents=)",
+    )
     w.set_defaults(func=warm_folder)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:

@@ -1,8 +1,11 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from conftest import make_model, make_tokenizer
 
+from kvboost_rag import KVBoost, format_passages
 from kvboost_rag.cli import main
 
 
@@ -49,3 +52,51 @@ def test_demo_and_cli_do_not_import_the_benchmarks() -> None:
     )
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+NOTES = [f"Note {i}: item {i} costs {i * 3} dollars." for i in range(3)]
+
+
+@pytest.fixture
+def tiny_engines(monkeypatch: pytest.MonkeyPatch) -> list[KVBoost]:
+    """``warm`` loads a tiny random model instead of the embedded one; the engines it built."""
+    built: list[KVBoost] = []
+
+    def tiny(model: str, dtype: object = None, config: object = None) -> KVBoost:
+        built.append(KVBoost(make_model("llama"), make_tokenizer(), config))  # type: ignore[arg-type]
+        return built[-1]
+
+    monkeypatch.setattr(KVBoost, "from_pretrained", tiny)
+    return built
+
+
+@pytest.mark.parametrize("flag", ["--prefix", "--system"])
+def test_warm_folder_for_a_prompt_layout(
+    tmp_path: Path, tiny_engines: list[KVBoost], capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i, note in enumerate(NOTES):
+        (folder / f"{i}.txt").write_text(note + "\n")
+    head = "Answer from these notes.\n" if flag == "--prefix" else "Answer from these notes."
+    cache = tmp_path / "cache"
+    main(["warm", str(folder), "--cache-dir", str(cache), "--fidelity", "fast", flag, head])
+    assert "warmed 3 files into 3 passages" in capsys.readouterr().out
+    engine = tiny_engines[0]
+    if flag == "--prefix":
+        result = engine.generate(head + format_passages(NOTES[::-1]) + "Which?")
+    else:
+        question = format_passages(NOTES[::-1]) + "Which?"
+        result = engine.chat(
+            [{"role": "system", "content": head}, {"role": "user", "content": question}]
+        )
+    # Every note is reused under the prompt's own prefix (none foreign, none encoded).
+    assert (result.passages_hit, result.passages_foreign, result.passages_missed) == (3, 0, 0)
+
+
+def test_warm_takes_one_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(
+            ["warm", str(tmp_path), "--cache-dir", str(tmp_path), "--prefix", "a", "--system", "b"]
+        )
+    assert "not allowed with argument" in capsys.readouterr().err
