@@ -15,6 +15,7 @@ for order in (docs, docs[::-1]):
     )
     print(repr(result.text))
     print(
-        f"  ttft {result.ttft_ms:.0f} ms, passages hit {result.passages_hit} / missed "
-        f"{result.passages_missed}, reused {result.reused_tokens}/{result.prompt_tokens}"
+        f"  ttft {result.ttft_ms:.0f} ms, passages hit {result.passages_hit} "
+        f"({result.passages_foreign} foreign) / missed {result.passages_missed}, "
+        f"reused {result.reused_tokens}/{result.prompt_tokens}"
     )

@@ -10,9 +10,12 @@ import subprocess
 import sys
 import tempfile
 
-from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
 from kvboost_rag.essays import essay_texts
 
+# The served prompts: this head, the essays as passages, then the question. The corpus is
+# warmed for the head, so each passage's KV is encoded after the exact text before it.
+HEAD = "Read these essays.\n\n"
 QUESTION = "Question: what is the first essay about? Answer in one sentence.\nAnswer:"
 
 
@@ -22,11 +25,12 @@ def essays(count: int = 3, chars: int = 1500) -> list[str]:
 
 def serve(cache_dir: str) -> None:
     engine = KVBoost.from_pretrained(config=KVBoostConfig(cache_dir=cache_dir))
-    result = engine.generate(QUESTION, passages=essays(), max_new_tokens=24)
+    result = engine.generate(HEAD + format_passages(essays()) + QUESTION, max_new_tokens=24)
     print(f"second process: {result.text.strip()!r}")
     print(
-        f"  ttft {result.ttft_ms:.0f} ms, passages from disk {result.passages_hit}, "
-        f"encoded {result.passages_missed}, reused {result.reused_tokens}/{result.prompt_tokens}"
+        f"  ttft {result.ttft_ms:.0f} ms, passages from disk {result.passages_hit} "
+        f"({result.passages_foreign} foreign), encoded {result.passages_missed}, "
+        f"reused {result.reused_tokens}/{result.prompt_tokens}"
     )
 
 
@@ -35,7 +39,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
 elif __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="kvboost-cache-") as cache_dir:
         engine = KVBoost.from_pretrained(config=KVBoostConfig(cache_dir=cache_dir))
-        report = warm_corpus(engine, essays(), progress=False)
+        report = warm_corpus(engine, essays(), prefix=HEAD, progress=False)
         print(f"warmed {report.units} passages ({report.tokens} tokens) to disk")
         served = subprocess.run(
             [sys.executable, __file__, "--serve", cache_dir],
