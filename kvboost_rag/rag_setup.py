@@ -1,7 +1,8 @@
 """The LangChain RAG pieces over the essay corpus that the demo and the LangChain benchmark
-share: MiniLM embeddings, essay chunks, the retrieval chain a user writes, its streamed
-TTFT, and ``ChatHuggingFace`` (the plain-transformers chat model it is compared with).
-LangChain is imported inside each function: it is an optional extra."""
+share: MiniLM embeddings, essay chunks, the retrieval chain a user writes and its prompt
+(which ``warm_corpus`` warms for), its streamed TTFT and the statistics of its answer, and
+``ChatHuggingFace`` (the plain-transformers chat model it is compared with). LangChain is
+imported inside each function: it is an optional extra."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.essays import essay_texts
 from kvboost_rag.timing import first_token_ms
 
-SYSTEM = "Answer the question using only these documents.\n\n{context}"
+# The system message of the chain's prompt, before the documents.
+SYSTEM = "Answer the question using only these documents.\n\n"
 
 
 def minilm_embeddings() -> Any:
@@ -44,20 +46,45 @@ def retrieval_chain(llm: Any, retriever: Any) -> Any:
     (plain text to any other LLM: the markers are removed or never reach its model)."""
     from langchain_classic.chains import create_retrieval_chain
     from langchain_classic.chains.combine_documents import create_stuff_documents_chain
-    from langchain_core.prompts import ChatPromptTemplate
 
     from kvboost_rag.integrations.langchain import stuff_documents_kwargs
 
-    prompt = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", "{input}")])
     kwargs = stuff_documents_kwargs() if hasattr(llm, "kv_engine") else {}
-    return create_retrieval_chain(retriever, create_stuff_documents_chain(llm, prompt, **kwargs))
+    chain = create_stuff_documents_chain(llm, rag_prompt(), **kwargs)
+    return create_retrieval_chain(retriever, chain)
 
 
-def stream_first_token(chain: Any, question: str) -> tuple[float, str]:
+def rag_prompt() -> Any:
+    """The chain's prompt: the documents in the system message, the question from the user.
+    ``warm_corpus(chat, docs, prefix=rag_prompt())`` warms for its exact prefix."""
+    from langchain_core.prompts import ChatPromptTemplate
+
+    return ChatPromptTemplate.from_messages(
+        [("system", SYSTEM + "{context}"), ("human", "{input}")]
+    )
+
+
+def stream_first_token(
+    chain: Any, question: str, callbacks: list[Any] | None = None
+) -> tuple[float, str]:
     """TTFT (ms) of the answer streamed by the chain, and the answer."""
     start = time.perf_counter()
-    answers = (event.get("answer") for event in chain.stream({"input": question}))
-    return first_token_ms(start, answers)
+    events = chain.stream({"input": question}, config={"callbacks": callbacks or []})
+    return first_token_ms(start, (event.get("answer") for event in events))
+
+
+def answer_stats() -> Any:
+    """A LangChain callback handler whose ``.stats`` is the ``response_metadata`` of the
+    latest answer (ChatKVBoost's ``passages_hit`` / ``passages_foreign`` ...)."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class AnswerStats(BaseCallbackHandler):
+        stats: dict[str, Any] = {}
+
+        def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+            self.stats = response.generations[0][0].message.response_metadata
+
+    return AnswerStats()
 
 
 def hf_chat_model(engine: KVBoost, max_tokens: int) -> Any:

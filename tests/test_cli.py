@@ -35,6 +35,10 @@ def test_demo_answers_through_both_frameworks_with_timings(
         # "balanced" recomputes) and its template prefix from cache.
         reused, prompt = map(int, line.split("reused ")[1].split(" ")[0].split("/"))
         assert reused > 0.4 * prompt
+    # Warmed for the chain's prompt, which the query engine shares: every passage of both
+    # frameworks' answers is read under the prompt's own prefix.
+    passages = [line.strip() for line in out.splitlines() if "passages hit" in line]
+    assert passages == ["passages hit 4 (0 foreign), missed 0"] * 2
 
 
 def test_unknown_subcommand_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
