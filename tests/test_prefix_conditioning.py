@@ -167,3 +167,19 @@ def test_a_prefix_and_passage_over_the_context_window_is_refused(tokenizer) -> N
     with pytest.raises(ContextWindowError, match="prefix \\+ passage is"):
         engine.warm_passages(["a" * 100], prefix="b" * 450)
     assert engine.stats().cache.entries == 0
+
+
+def test_a_later_chat_turn_reuses_its_passages_under_the_conversation_head(tokenizer) -> None:
+    engine = engine_with("llama", tokenizer)
+    system = {"role": "system", "content": "Answer from the documents."}
+
+    def ask(docs: list[str]) -> dict[str, str]:
+        return {"role": "user", "content": prompt("Documents:\n", docs)}
+
+    engine.warm_passages(DOCS, prefix=[system, ask(["x"])])
+    first = engine.chat([system, ask(DOCS[:2])], max_new_tokens=3)
+    history = [system, ask(DOCS[:2]), {"role": "assistant", "content": first.text}]
+    second = engine.chat([*history, ask(DOCS[2:])], max_new_tokens=1)
+    assert (second.passages_hit, second.passages_missed, second.passages_foreign) == (3, 0, 0)
+    head = len(engine.passage_prefix([system, ask(["x"])]))
+    assert second.reused_tokens > head  # the head from the prefix cache, passages reused
