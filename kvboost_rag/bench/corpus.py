@@ -84,3 +84,9 @@ def messages_for(docs: list[FactPassage], question: str) -> list[dict[str, str]]
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": body + f"Question: {question}"},
     ]
+
+
+def warm_prefix() -> list[dict[str, str]]:
+    """``messages_for``'s layout with one placeholder passage: what a pool used in its
+    prompts is warmed under (``warm_passages(prefix=...)`` takes the part before it)."""
+    return messages_for([FactPassage("placeholder", "", "")], "placeholder")

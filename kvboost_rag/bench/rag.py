@@ -20,9 +20,16 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.bench import systems
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.cold import cold_start
-from kvboost_rag.bench.corpus import FactPassage, fact_passages, messages_for, passages
+from kvboost_rag.bench.corpus import (
+    FactPassage,
+    fact_passages,
+    messages_for,
+    passages,
+    warm_prefix,
+)
 from kvboost_rag.bench.memory import PeakMemory
 from kvboost_rag.bench.metrics import Row, kl_div, median, summary
 
@@ -208,14 +215,9 @@ def main(argv: list[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "pool_passages": len(pool),
         "sizes": {},
-        "warm": {},
     }
     print(f"model={args.model} dtype={dtype} threads={torch.get_num_threads()} pool={len(pool)}")
-    for name, engine in engines.items():
-        if engine.config.fidelity != "exact":
-            start = time.perf_counter()
-            warmed = engine.warm_passages([p.text for p in pool])
-            report["warm"][name] = {"seconds": time.perf_counter() - start, "tokens": warmed.tokens}
+    report["warm"] = systems.warm(engines, [p.text for p in pool], warm_prefix())
     for k in (int(x) for x in args.sizes.split(",")):
         size = run_size(base, engines, pool, k, args.queries, args.seed + k)
         report["sizes"][str(k)] = size

@@ -32,7 +32,7 @@ from kvboost_rag.bench import rag, systems
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.chart import draw
 from kvboost_rag.bench.cold import cold_start
-from kvboost_rag.bench.corpus import fact_passages, passages
+from kvboost_rag.bench.corpus import fact_passages, passages, warm_prefix
 from kvboost_rag.bench.memory import PeakMemory
 from kvboost_rag.bench.metrics import median, p90
 from kvboost_rag.bench.report import print_bench
@@ -95,7 +95,7 @@ def run(base: KVBoost, plan: Plan, with_peer: bool, seed: int) -> dict[str, Any]
     fresh = fact_passages(texts[plan.pool + plan.popular_pool :], seed + 2)
     report: dict[str, Any] = {"plan": asdict(plan), "not_run": notes, "workloads": {}}
     warm_up(base, engines)
-    report["warm"] = systems.warm(engines, [p.text for p in pool])
+    report["warm"] = systems.warm(engines, [p.text for p in pool], warm_prefix())
     work = report["workloads"]
     for name in ("rag-1k", "rag-2k"):
         k = PASSAGES_PER_PROMPT[name]

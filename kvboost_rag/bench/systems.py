@@ -45,15 +45,22 @@ def build(base: KVBoost, with_peer: bool) -> tuple[dict[str, Any], dict[str, str
     return systems, notes
 
 
-def warm(systems: dict[str, Any], texts: Sequence[str]) -> dict[str, dict[str, Any]]:
+def warm(
+    systems: dict[str, Any], texts: Sequence[str], prefix: str | list[dict[str, str]] | None
+) -> dict[str, dict[str, Any]]:
     """Preload ``texts`` into every system that can take passages ahead of time, timed.
-    The exact prefix cache cannot: a passage's KV depends on everything before it."""
+    The exact prefix cache cannot: a passage's KV depends on everything before it.
+    ``prefix`` is the layout of the prompts they will be used in (``warm_passages``); the
+    peer and engines with ``passage_prefix="anchor"`` take none (they encode after BOS)."""
     out = {}
     for name, system in systems.items():
         if isinstance(system, KVBoost) and system.config.fidelity == "exact":
             continue
         start = time.perf_counter()
-        stored = system.warm_passages(list(texts))
+        if isinstance(system, KVBoost) and system.config.passage_prefix == "prompt":
+            stored = system.warm_passages(list(texts), prefix=prefix)
+        else:
+            stored = system.warm_passages(list(texts))
         seconds = time.perf_counter() - start
         tokens = stored.tokens if isinstance(system, KVBoost) else None
         out[name] = {"seconds": seconds, "passages": len(texts), "tokens": tokens}
