@@ -9,7 +9,7 @@ from pathlib import Path
 
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
 # `demo` and `warm` never load the benchmark package.
-BENCHES = {"all": "suite", "chat": "chat", "rag": "rag", "warm": "warm"}
+BENCHES = {"all": "suite", "chat": "chat", "front": "front", "rag": "rag", "warm": "warm"}
 
 
 def bench(argv: list[str]) -> None:

@@ -1,0 +1,56 @@
+"""The fidelity-front benchmark's quick path on a tiny random model (no timings asserted)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from test_bench_suite import tiny_dir  # noqa: F401  (a fixture: a tiny Llama saved to disk)
+
+from kvboost_rag.bench import front
+from kvboost_rag.bench.front_tasks import is_correct
+from kvboost_rag.cli import BENCHES
+
+
+def test_quick_front_reports_every_option_in_every_cell(
+    tiny_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    front.main(["--quick", "--dtype", "float32", "--model", str(tiny_dir), "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "front-float32.json").read_text())
+    assert (tmp_path / "front-float32.png").stat().st_size > 0
+    cells = report["cells"]
+    assert len(cells) == len(front.QUICK.cells("front"))
+    assert {c["warm"] for c in cells.values()} == {"all", "half", "foreign"}
+    assert {c["layout"] for c in cells.values()} == set(front.tasks.LAYOUTS)
+    for cell in cells.values():
+        options = front.FOREIGN if cell["warm"] == "foreign" else front.OPTIONS
+        assert list(cell["systems"]) == ["full prefill", *options]
+        for s in cell["systems"].values():
+            assert s["speedup"] > 0 and s["median_ttft_ms"] > 0
+            assert s["accuracy_share_pct"] is None or s["accuracy_share_pct"] >= 0
+        for name in options:
+            s = cell["systems"][name]
+            assert s["mean_kl"] >= -1e-4 and 0 <= s["greedy16_match_pct"] <= 100
+            assert 0 <= s["passages_missed"] <= cell["passages"]
+            assert 0 <= s["passages_foreign"] <= cell["passages"]
+    assert cells["essay 2k headers all"]["median_prompt_tokens"] > 1500
+    assert cells["fact 1k format_passages all"]["systems"]["prompt+none"]["reuse_pct"] > 50
+    assert set(report["bos_vs_prefix"]) == set(front.SYSTEM_SETS["prefix"])
+    assert report["wall_s"] > 0
+
+
+def test_front_is_a_bench_workload() -> None:
+    assert BENCHES["front"] == "front"
+
+
+@pytest.mark.parametrize(
+    ("answer", "output", "correct"),
+    [
+        ("1234", "The code is 1234.", True),
+        ("that seems", " That seems strictly better.", True),
+        ("that seems", "that seemed", False),
+        ("12", "1234", False),
+    ],
+)
+def test_answers_match_whole_words_in_order(answer: str, output: str, correct: bool) -> None:
+    assert is_correct(answer, output) is correct
