@@ -88,10 +88,10 @@ class Cell:
 class Plan:
     """How much of each workload to run."""
 
-    # Sized for ~15 minutes on 2 idle CPU cores (bf16, measured from the quick plan): a
-    # query costs ~20 s over the ten options, mostly decoding (16 tokens at ~16 tokens/s
-    # each, ~22 s at 2k tokens), and warming a pool ~1 s per 1k tokens and option.
-    queries: int = 8  # the main table (1k, format_passages, all warmed), per task
+    # Sized for ~15 minutes on 2 CPU cores (bf16; from the quick plan's cells): a query
+    # costs ~17 s over the ten options at 1k tokens, ~20 s at 2k, a foreign one ~9 s, and
+    # warming a pool ~1 s per 1k tokens and option.
+    queries: int = 10  # the main table (1k, format_passages, all warmed), per task
     matrix_queries: int = 2  # each other layout / size / warm cell
     foreign_queries: int = 3  # the foreign-prefix scenario, per task
     new_tokens: int = 16
