@@ -35,8 +35,8 @@ Layout = Callable[[str, Sequence[str], str], Messages]
 ESSAY_SYSTEM = "Answer from the documents. Copy the words exactly as they are written there."
 SYSTEMS = {"fact": SYSTEM_PROMPT, "essay": ESSAY_SYSTEM}
 TASKS = tuple(SYSTEMS)
-# A 135M model continues a 10-word quote from its context about half the time (full
-# prefill, bf16); with 6 words and no quote in the answer turn it never did.
+# Full prefill of the 135M model (bf16) continued a 10-word quote 5 times in 10 when the
+# answer turn starts with it; a 6-word one 2 in 8; asked in the question alone, 0 in 14.
 QUOTE_WORDS = 10
 ANSWER_WORDS = 2
 
