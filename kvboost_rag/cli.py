@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench chat|rag|warm ...: one workload",
+        "bench chat|front|rag|warm ...: one workload",
     )
     w = sub.add_parser(
         "warm",

@@ -45,6 +45,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "prompt+query r=0.30": {"repair": "query", "recompute_ratio": 0.30},
     "prompt+edges k=8": {"repair": "edges", "edge_tokens": 8},
     "prompt+deviation r=0.15": {"repair": "deviation", "recompute_ratio": 0.15},
+    "prompt+passage r=0.15": {"repair": "passage", "recompute_ratio": 0.15},
     "prompt+passage r=0.30": {"repair": "passage", "recompute_ratio": 0.30},
 }
 SYSTEM_SETS = {
