@@ -52,3 +52,14 @@ def test_readme_bench_section_equals_bench_json(tmp_path: Path) -> None:
     (tmp_path / "docs" / "bench" / "bench.json").write_text(saved.read_text())
     update_readme(copy, tmp_path / "docs" / "bench" / "bench.json")
     assert copy.read_text() == README.read_text()
+
+
+@pytest.mark.parametrize("name", ["front-bfloat16", "front-probe-bfloat16"])
+def test_readme_fidelity_tables_equal_their_json(name: str) -> None:
+    import json
+
+    from kvboost_rag.bench.front_report import markdown
+
+    saved = README.parent / "docs" / "bench" / f"{name}.json"
+    cells = ["fact 1k format_passages all", "essay 1k format_passages all"]
+    assert markdown(json.loads(saved.read_text()), cells) in README.read_text()

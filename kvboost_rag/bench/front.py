@@ -12,9 +12,10 @@ of full prefill's, greedy agreement with full prefill's answer, KL at the answer
 ~1k and ~2k-token prompts (4 and 8 passages), the pool all or half warmed under the
 prompt's prefix, three passage layouts; and a foreign-prefix scenario (pool warmed under
 another system prompt) deciding ``prefix_fallback``. Caches are emptied between
-workloads. ``--systems prefix`` runs only the BOS-vs-real-prefix options on the 1k table.
+workloads. ``--systems prefix`` runs only the BOS-vs-real-prefix options on the 1k
+table, ``--systems probe`` the query repair with its question run over 8 of 30 layers.
 
-Writes ``front[-prefix]-<dtype>.json`` and a Pareto chart ``.png`` beside it.
+Writes ``front[-prefix|-probe]-<dtype>.json`` and a Pareto chart ``.png`` beside it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "prompt+none": {"fidelity": "fast", "repair": "none"},
     "prompt+query r=0.15": {"repair": "query", "recompute_ratio": 0.15},
     "prompt+query r=0.30": {"repair": "query", "recompute_ratio": 0.30},
+    "prompt+query r=0.30 L=8": {"repair": "query", "recompute_ratio": 0.30, "probe_layers": 8},
+    "prompt+query r=0.15 L=8": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8},
     "prompt+edges k=8": {"repair": "edges", "edge_tokens": 8},
     "prompt+deviation r=0.15": {"repair": "deviation", "recompute_ratio": 0.15},
     "prompt+passage r=0.15": {"repair": "passage", "recompute_ratio": 0.15},
@@ -51,6 +54,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
 SYSTEM_SETS = {
     "front": list(OPTIONS),
     "prefix": ["anchor+none", "prompt+none", "anchor+query r=0.30", "prompt+query r=0.30"],
+    # Cheaper probes for balanced: the question run over the first 8 of 30 layers.
+    "probe": ["prompt+query r=0.30", "prompt+query r=0.30 L=8", "prompt+query r=0.15 L=8"],
 }
 # The foreign-prefix scenario: each fidelity level with each prefix_fallback.
 FOREIGN = {
@@ -110,7 +115,7 @@ class Plan:
 
     def cells(self, options: str) -> list[Cell]:
         main = [Cell(task, self.queries) for task in tasks.TASKS]
-        if options == "prefix":
+        if options != "front":
             return main
         return [
             *main,
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     report |= run(base, plan, args.systems, args.seed)
     report["wall_s"] = time.perf_counter() - start
-    stem = f"front-{args.dtype}" if args.systems == "front" else f"front-prefix-{args.dtype}"
+    stem = "-".join(["front", *([] if args.systems == "front" else [args.systems]), args.dtype])
     report["chart"] = str(draw_front(report, args.out / f"{stem}.png"))
     write_report(args.out, f"{stem}.json", report)
     print(f"total wall time {report['wall_s']:.0f} s")

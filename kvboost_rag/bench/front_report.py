@@ -121,3 +121,39 @@ def draw_front(report: dict[str, Any], path: Path) -> Path:
     plt.close(fig)
     print(f"wrote {path}")
     return path
+
+
+def markdown(report: dict[str, Any], cell_names: Sequence[str]) -> str:
+    """The README's tables: one per named cell of ``report``, every option in it."""
+    out = []
+    for name in cell_names:
+        cell = report["cells"][name]
+        out.append(
+            f"`{name}`: {cell['passages']} passages, median {cell['median_prompt_tokens']:.0f} "
+            f"prompt tokens, {cell['queries']} queries\n\n"
+            "| option | TTFT ms | p90 | speed-up | accuracy | share of full | greedy = full "
+            "| answer KL |\n|---|---|---|---|---|---|---|---|"
+        )
+        for option, s in cell["systems"].items():
+            out.append(
+                f"| {option} | {s['median_ttft_ms']:.0f} | {s['p90_ttft_ms']:.0f} "
+                f"| {s['speedup']:.2f}x | {_fmt(s['accuracy_pct'], '.0f')}% "
+                f"| {_fmt(s['accuracy_share_pct'], '.0f')}% "
+                f"| {_fmt(s['greedy16_match_pct'], '.0f')}% | {_fmt(s['mean_kl'], '.3f')} |"
+            )
+        out.append("")
+    return "\n".join(out).replace("| -% ", "| - ")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m kvboost_rag.bench.front_report FILE.json CELL...``: README tables."""
+    import json
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    report = json.loads(Path(args[0]).read_text())
+    print(markdown(report, args[1:] or list(report["cells"])))
+
+
+if __name__ == "__main__":
+    main()
