@@ -20,6 +20,7 @@ from typing import NamedTuple
 from kvboost_rag.core.keys import digest, token_bytes
 from kvboost_rag.core.kv import LayerKV
 from kvboost_rag.core.passage_encoder import PassageEncoder
+from kvboost_rag.core.prefix import common_prefix
 from kvboost_rag.core.tiers import TieredStore
 
 # Prefixes remembered for the fallback; an app has a few layouts, a question-first
@@ -78,10 +79,14 @@ class PassageCache:
         known prefix sharing the most leading tokens), None when none is stored."""
         self._remember(prefix)
         self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
-        others = self._by_closeness(prefix) if self.nearest else []
+        others: list[Prefix] = []  # ranked on the first miss only: a warmed layout never is
 
         def locate(tokens: Sequence[int]) -> Prefix | None:
-            for candidate in [prefix, *others]:
+            if (prefix, tokens) in self:
+                return prefix
+            if self.nearest and not others:
+                others.extend(self._by_closeness(prefix))
+            for candidate in others if self.nearest else []:
                 if (candidate, tokens) in self:
                     self._remember(candidate)
                     return candidate
@@ -152,14 +157,4 @@ class PassageCache:
         """Known prefixes other than ``prefix``: most shared leading tokens first, then
         the most recently used."""
         newest_first = [p for p in reversed(self._known.values()) if p.key != prefix.key]
-        return sorted(newest_first, key=lambda p: -_shared(p.tokens, prefix.tokens))
-
-
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+        return sorted(newest_first, key=lambda p: -common_prefix(p.tokens, prefix.tokens))

@@ -121,7 +121,7 @@ class PrefixCache:
         """The indexed child of ``parent`` sharing the most leading tokens with ``rest``."""
         best, shared = None, 0
         for key in self._children.get(parent, ()):
-            n = _common_prefix(self._blocks[key].tokens, rest)
+            n = common_prefix(self._blocks[key].tokens, rest)
             if n > shared:
                 best, shared = key, n
         return None if best is None else (best, shared)
@@ -152,7 +152,8 @@ class PrefixCache:
         return tuple(tokens[start : start + self.block_tokens])
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -14,6 +14,7 @@ from kvboost_rag.core.arch import ModelSupport
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import ContextWindowError
 from kvboost_rag.core.kv import blocks_cache, kv_nbytes, layer_kv
+from kvboost_rag.core.passages import Prefix
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.prompts import Message, PromptEncoder
 from kvboost_rag.core.result import WarmResult
@@ -74,7 +75,7 @@ class Warming:
         reuse = self._passage_reuse_on()
         start = time.perf_counter()
         pieces = self._prompts.passages(texts)
-        conditioning = reuse.cache.prefix(self.passage_prefix(prefix))
+        conditioning = self._conditioning(reuse, prefix)
         longest = len(conditioning.tokens) + max(map(len, pieces), default=0)
         if longest >= self._prompts.context_window:
             raise ContextWindowError(longest, self._prompts.context_window, "prefix + passage")
@@ -103,15 +104,17 @@ class Warming:
         before it), or None (BOS only). Raises ``ValueError`` for messages that mark no
         passage, or a prefix given with ``passage_prefix="anchor"``.
         """
-        reuse = self._passage_reuse_on()
+        return list(self._conditioning(self._passage_reuse_on(), prefix).tokens)
+
+    def _conditioning(self, reuse: PassageReuse, prefix: str | Sequence[Message] | None) -> Prefix:
         if prefix is None:
-            return list(reuse.cache.prefix([]).tokens)
+            return reuse.cache.prefix([])
         if self.config.passage_prefix == "anchor":
             raise ValueError(
                 'passage_prefix="anchor" encodes every passage after BOS only: drop prefix=, '
                 'or use passage_prefix="prompt" to encode passages after it'
             )
-        return list(reuse.cache.prefix(self._prompts.prefix(prefix)).tokens)
+        return reuse.cache.prefix(self._prompts.prefix(prefix))
 
     def _passage_reuse_on(self) -> PassageReuse:
         if self._reuse is None:
