@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
 from kvboost_rag.core.repair import STRATEGIES, RepairSettings
+from kvboost_rag.core.tools import FORMATS
 
 T = TypeVar("T")
 
@@ -76,11 +77,21 @@ class KVBoostConfig:
     cache_dir: str | Path | None = None
     # Byte budget of the disk tier; least recently used files go first.
     max_disk_bytes: int = 20 * 1024**3
+    # How tool calls look in the model's output: "auto" reads the chat template (Hermes
+    # tags when it has no tool support), or one of kvboost_rag.core.tools.FORMATS.
+    tool_format: str = "auto"
+    # Decode tool calls and JSON answers under a grammar (llguidance), so they are valid
+    # even from a small model; a request's constrain= overrides it.
+    constrained_decoding: bool = True
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
         _check_choice("passage_prefix", self.passage_prefix, PassagePrefix)
         _check_choice("prefix_fallback", self.prefix_fallback, PrefixFallback)
+        if self.tool_format != "auto" and self.tool_format not in FORMATS:
+            raise ValueError(
+                f"tool_format must be 'auto' or one of {sorted(FORMATS)}, got {self.tool_format!r}"
+            )
         if self.max_cache_bytes < 0:
             raise ValueError(f"max_cache_bytes must be >= 0, got {self.max_cache_bytes}")
         if not 1 <= self.block_tokens <= 4096:

@@ -32,13 +32,14 @@ def generate_tokens(
     on_token: Callable[[int], None] | None,
     cancel: Cancelled,
     window: int,
+    processors: LogitsProcessorList | None = None,
 ) -> Decoded:
     """Decode after ``tokens``, at most up to a ``window``-token context, timing the first
     token."""
     collector = TokenCollector(on_token)
     started = time.perf_counter()
     max_new = min(sampling.max_new_tokens, window - len(tokens))
-    decode(model, tokenizer, tokens, context, sampling, max_new, collector, cancel)
+    decode(model, tokenizer, tokens, context, sampling, max_new, collector, cancel, processors)
     ended = time.perf_counter()
     return Decoded(collector.token_ids, started, collector.first_token_at or ended, ended)
 
@@ -52,17 +53,20 @@ def decode(
     max_new: int,
     collector: TokenCollector,
     cancel: Cancelled,
+    processors: LogitsProcessorList | None = None,
 ) -> None:
     """Generate up to ``max_new`` tokens after ``tokens``. When the repair pass already
     computed the prompt's last position, its logits give the first token directly and
-    generate continues from there (saving a forward pass before the first token)."""
+    generate continues from there (saving a forward pass before the first token).
+    ``processors`` (a grammar's mask) apply to every token, the first one included."""
+    processors = processors or LogitsProcessorList()
     seeded = torch.random.fork_rng(devices=[]) if sampling.seed is not None else nullcontext()
     with seeded:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         if context.logits is not None:
             config = sampling.generation_config(model.generation_config, max_new)
-            first = first_token(model, config, tokens, context.logits)
+            first = first_token(model, config, tokens, context.logits, processors)
             collector.put(torch.tensor(tokens))  # the prompt, skipped by the collector
             collector.put(torch.tensor([first]))
             if max_new == 1 or first in eos_ids(model):
@@ -77,12 +81,17 @@ def decode(
             cache=context.cache,
             streamer=collector,
             stopping_criteria=StoppingCriteriaList([cancel]),
+            logits_processor=processors,
             tokenizer=tokenizer,
         )
 
 
 def first_token(
-    model: Any, config: GenerationConfig, tokens: list[int], logits: torch.Tensor
+    model: Any,
+    config: GenerationConfig,
+    tokens: list[int],
+    logits: torch.Tensor,
+    processors: LogitsProcessorList | None = None,
 ) -> int:
     """The token ``generate`` would pick after ``tokens`` from these next-token logits: the
     logits processors it builds from the same generation config (repetition_penalty,
@@ -98,7 +107,7 @@ def first_token(
         generation_config=config,
         input_ids_seq_length=len(tokens),
         encoder_input_ids=ids,
-        logits_processor=LogitsProcessorList(),
+        logits_processor=processors or LogitsProcessorList(),
         device=model.device,
         model_kwargs={},
     )

@@ -7,12 +7,12 @@ One request reads top to bottom in ``_run``: ``make_plan`` (pure) -> ``build_con
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from transformers import LogitsProcessorList
 
 from kvboost_rag.core.arch import model_support
 from kvboost_rag.core.chunker import TokenizedPrompt
@@ -28,15 +28,17 @@ from kvboost_rag.core.passages import PassageCache
 from kvboost_rag.core.plan import Plan, make_plan
 from kvboost_rag.core.prefix import PrefixCache
 from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens, before_passages
+from kvboost_rag.core.requests import Requests
 from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, elapsed_ms
 from kvboost_rag.core.reuse import PassageReuse
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, cut_at_stop
+from kvboost_rag.core.structure import Constrainer, Structure
 from kvboost_rag.core.tiers import TieredStore
 from kvboost_rag.core.warming import Warming
 
 
-class KVBoost(Warming):
+class KVBoost(Requests, Warming):
     """A model, its tokenizer and KV caches that make repeated context cheap.
 
     Safe to share between threads: requests run one at a time under a lock held by the
@@ -65,6 +67,7 @@ class KVBoost(Warming):
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
         self._reuse = self._passage_reuse()
         self._lock = model_lock(model)
+        self._constrainer = Constrainer(tokenizer, sorted(eos_ids(model)))
         self._requests = self._prompt_tokens = self._reused_tokens = 0
 
     def _passage_reuse(self) -> PassageReuse | None:
@@ -122,35 +125,6 @@ class KVBoost(Warming):
 
     # -- public requests -------------------------------------------------------------
 
-    def generate(
-        self, prompt: str, *, passages: Sequence[str] | None = None, **options: Any
-    ) -> GenerationResult:
-        """Complete ``prompt``. Passages may be marked inside it with ``passage(text)`` or
-        given as ``passages=`` (placed before it). Options: max_new_tokens, temperature,
-        top_p, top_k, stop, seed."""
-        start = time.perf_counter()
-        sampling = SamplingOptions.build(**options)
-        return self._run(self._prompts.text(prompt, passages), sampling, start, None, Cancelled())
-
-    def chat(self, messages: Sequence[Message], **options: Any) -> GenerationResult:
-        """Answer the last message of a conversation, using the tokenizer's chat template."""
-        start = time.perf_counter()
-        sampling = SamplingOptions.build(**options)
-        return self._run(self._prompts.chat(messages), sampling, start, None, Cancelled())
-
-    def stream(
-        self, prompt: str, *, passages: Sequence[str] | None = None, **options: Any
-    ) -> GenerationStream:
-        """Like ``generate`` but yields text deltas; ``.result`` is set when it ends."""
-        start = time.perf_counter()
-        sampling = SamplingOptions.build(**options)
-        return self._stream(self._prompts.text(prompt, passages), sampling, start)
-
-    def stream_chat(self, messages: Sequence[Message], **options: Any) -> GenerationStream:
-        start = time.perf_counter()
-        sampling = SamplingOptions.build(**options)
-        return self._stream(self._prompts.chat(messages), sampling, start)
-
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
     ) -> torch.Tensor:
@@ -194,14 +168,6 @@ class KVBoost(Warming):
                 rows.append(out.logits[0])
         return torch.cat(rows).float()
 
-    def tokenize(self, prompt: str, *, passages: Sequence[str] | None = None) -> list[int]:
-        """The exact token ids the model sees for ``prompt`` (markers removed)."""
-        return self._prompts.text(prompt, passages).tokens
-
-    def tokenize_chat(self, messages: Sequence[Message]) -> list[int]:
-        """The exact token ids the model sees for ``messages`` (markers removed)."""
-        return self._prompts.chat(messages).tokens
-
     def stats(self) -> EngineStats:
         with self._lock:
             tiers = self._store.stats()
@@ -218,22 +184,34 @@ class KVBoost(Warming):
     # -- the request path ------------------------------------------------------------
 
     def _stream(
-        self, prompt: TokenizedPrompt, sampling: SamplingOptions, start: float
+        self,
+        prompt: TokenizedPrompt,
+        sampling: SamplingOptions,
+        structure: Structure,
+        start: float,
     ) -> GenerationStream:
         return GenerationStream(
-            lambda on_token, cancel: self._run(prompt, sampling, start, on_token, cancel),
+            lambda on_token, cancel: self._run(
+                prompt, sampling, structure, start, on_token, cancel
+            ),
             self._decode_text,
             sampling.stop,
+            structure.visible,
         )
 
     def _run(
         self,
         prompt: TokenizedPrompt,
         sampling: SamplingOptions,
+        structure: Structure,
         start: float,
         on_token: Callable[[int], None] | None,
         cancel: Cancelled,
     ) -> GenerationResult:
+        grammar = structure.grammar()
+        processors = LogitsProcessorList(
+            [self._constrainer.processor(grammar)] if grammar is not None else []
+        )
         timings = Timings(tokenize_ms=elapsed_ms(start))
         with self._lock, torch.inference_mode():
             with timings.stage("lookup"):
@@ -248,13 +226,18 @@ class KVBoost(Warming):
                 on_token,
                 cancel,
                 self.context_window,
+                processors,
             )
             with timings.stage("store"):
                 self._remember(plan, context, decoded.token_ids)
             self._requests += 1
             self._prompt_tokens += len(plan.tokens)
             self._reused_tokens += context.reused
-        return self._result(plan, context, decoded, sampling, cancel, timings, start)
+        result = self._result(plan, context, decoded, sampling, cancel, timings, start)
+        parsed = structure.parse(result.text)
+        result.text = parsed.content
+        result.tool_calls, result.invalid_tool_calls = parsed.calls, parsed.invalid
+        return result
 
     def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:
         match = self._prefix.match(prompt.tokens)

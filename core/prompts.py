@@ -12,8 +12,12 @@ from kvboost_rag.core.chunker import (
     tokenize_segments,
 )
 from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError
+from kvboost_rag.core.tool_prompt import render_chat
+from kvboost_rag.core.tools import Tool, ToolFormat, format_for
 
-Message = dict[str, str]
+# {"role", "content"}; assistant messages may carry "tool_calls", tool results
+# "tool_call_id" / "name" (see core/tool_prompt.py).
+Message = dict[str, Any]
 
 
 class PromptEncoder:
@@ -61,20 +65,27 @@ class PromptEncoder:
             raise TypeError(f"prefix must be a str or chat messages, got {type(spec).__name__}")
         return before_passages(prompt)
 
-    def chat(self, messages: Sequence[Message]) -> TokenizedPrompt:
-        """Messages through the tokenizer's chat template (markers survive it)."""
+    def chat(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] = (),
+        fmt: ToolFormat | None = None,
+    ) -> TokenizedPrompt:
+        """Messages (and tools) through the tokenizer's chat template (markers survive it)."""
         if not messages:
             raise EmptyPromptError("messages is empty: pass at least one {'role', 'content'} dict")
         for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
-                raise ValueError(
-                    f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}"
-                )
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
+            if not isinstance(message, dict) or "role" not in message:
+                raise ValueError(f"messages[{i}] must be a dict with 'role', got {message!r}")
+            if "content" not in message and not message.get("tool_calls"):
+                raise ValueError(f"messages[{i}] has neither 'content' nor 'tool_calls'")
+        text = render_chat(self.tokenizer, messages, tools, fmt or self.tool_format())
         # The template already holds the special tokens; adding them again would double BOS.
         return self._checked(text, [])
+
+    def tool_format(self, override: str = "auto") -> ToolFormat:
+        """The tool-call format of this tokenizer's chat template (or ``override``)."""
+        return format_for(getattr(self.tokenizer, "chat_template", None), override)
 
     def _checked(self, text: str, prefix: list[int]) -> TokenizedPrompt:
         segments = parse_segments(text)

@@ -10,6 +10,7 @@ from typing import Literal
 
 from kvboost_rag.core.disk import DiskStats
 from kvboost_rag.core.store import StoreStats
+from kvboost_rag.core.tools import InvalidToolCall, ToolCall
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -69,6 +70,10 @@ class GenerationResult:
     # one's (the "nearest" fallback): close to, not equal to, what the prompt's own prefix
     # gives. Warm with prefix= to make it 0.
     passages_foreign: int = 0
+    # Calls the answer made when tools were offered (``text`` is then the content outside
+    # them), and output that looked like a call but could not be read as one.
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
 
     @property
     def kv_reuse_ratio(self) -> float:

@@ -106,10 +106,15 @@ class TextDeltas:
     """Turns a growing list of token ids into text deltas that never cross a stop string."""
 
     def __init__(
-        self, decode: Callable[[list[int]], str], stops: Sequence[str], out: DeltaQueue
+        self,
+        decode: Callable[[list[int]], str],
+        stops: Sequence[str],
+        out: DeltaQueue,
+        visible: Callable[[str], str] | None = None,
     ) -> None:
         self._decode = decode
         self._stops = stops
+        self._visible = visible
         self._out = out
         self._ids: list[int] = []
         self._emitted = 0
@@ -117,6 +122,8 @@ class TextDeltas:
     def on_token(self, token: int) -> None:
         self._ids.append(token)
         text, _ = cut_at_stop(self._decode(self._ids), self._stops)
+        if self._visible is not None:  # e.g. hold back a tool call being written
+            text = self._visible(text)
         self._emit_upto(text, safe_prefix_len(text, self._stops))
 
     def finish(self, final_text: str) -> None:
@@ -140,10 +147,11 @@ class GenerationStream:
         run: Callable[[Callable[[int], None], Cancelled], object],
         decode: Callable[[list[int]], str],
         stops: Sequence[str],
+        visible: Callable[[str], str] | None = None,
     ) -> None:
         self.result: object | None = None
         self._queue = DeltaQueue()
-        self._deltas = TextDeltas(decode, stops, self._queue)
+        self._deltas = TextDeltas(decode, stops, self._queue, visible)
         self._cancel = Cancelled()
         self._thread = threading.Thread(target=self._work, args=(run,), daemon=True)
         _LIVE.add(self)

@@ -1,0 +1,253 @@
+"""Tool calls in and out of text: the formats models are trained on, parsed without crashing.
+
+A format knows how a call looks in the model's output (``render``), how to read calls back
+(``parse``: malformed ones become ``InvalidToolCall`` entries, never exceptions), what part of
+a growing output is plain content that may be streamed (``visible``), and the grammar that
+constrains decoding to valid calls (``grammar``, llguidance's Lark dialect). Tools are
+OpenAI-style dicts: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Tool = Mapping[str, Any]
+
+# JSON exactly as ``json.dumps`` writes it, so a constrained call re-renders token for token
+# (the next agent step's prompt then extends this one's cache).
+CANONICAL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+@dataclass(frozen=True)
+class InvalidToolCall:
+    """Output that looked like a call but could not be read as one."""
+
+    name: str | None
+    arguments: str | None  # the raw argument text, when there was one
+    error: str
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    content: str  # the text outside tool calls
+    calls: list[ToolCall]
+    invalid: list[InvalidToolCall]
+
+
+def tool_name(tool: Tool) -> str:
+    return str(function_of(tool)["name"])
+
+
+def function_of(tool: Tool) -> Mapping[str, Any]:
+    """The ``function`` part of an OpenAI-style tool; ``ValueError`` when it has none."""
+    function = tool.get("function") if isinstance(tool, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise ValueError(
+            "a tool must be {'type': 'function', 'function': {'name': str, 'description': str, "
+            f"'parameters': JSON schema}}, got {tool!r}"
+        )
+    return function
+
+
+def parameters_of(tool: Tool) -> dict[str, Any]:
+    params = function_of(tool).get("parameters") or {"type": "object", "properties": {}}
+    return dict(params)
+
+
+class ToolFormat:
+    """Hermes / Qwen: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, any
+    number of them, after optional text. A tag may also hold a JSON list of calls."""
+
+    name = "hermes"
+    arguments_key = "arguments"
+    open, close = "<tool_call>\n", "\n</tool_call>"
+    trigger = "<tool_call>"
+
+    def render(self, call: ToolCall) -> str:
+        body = json.dumps({"name": call.name, self.arguments_key: call.arguments})
+        return f"{self.open}{body}{self.close}"
+
+    def visible(self, text: str) -> str:
+        """The part of a growing output that is surely content: before any call, holding
+        back a tail that may start one."""
+        cut = text.find(self.trigger)
+        if cut >= 0:
+            return text[:cut]
+        for n in range(min(len(self.trigger) - 1, len(text)), 0, -1):
+            if text.endswith(self.trigger[:n]):
+                return text[:-n]
+        return text
+
+    def parse(self, text: str, names: Sequence[str]) -> Parsed:
+        if self.trigger not in text:
+            return Parsed(text, [], [])
+        calls: list[ToolCall] = []
+        invalid: list[InvalidToolCall] = []
+        content: list[str] = []
+        pattern = re.compile(re.escape(self.trigger) + r"(.*?)(?:</tool_call>|\Z)", re.S)
+        last = 0
+        for match in pattern.finditer(text):
+            content.append(text[last : match.start()])
+            last = match.end()
+            _read_calls(match.group(1).strip(), names, calls, invalid)
+        content.append(text[last:])
+        return Parsed("".join(content).strip(), calls, invalid)
+
+    def grammar(self, tools: Sequence[Tool], required: bool, parallel: bool = False) -> str:
+        """Calls of ``tools`` only. ``required``: calls and nothing else; else free text
+        that may turn into a call where the model writes the trigger (a lazy lexeme: the
+        text path ends there). Without ``parallel`` the answer ends after one call."""
+        call = json.dumps(call_schema(tools, self.arguments_key))
+        body = f'"\\n" %json {call} "\\n</tool_call>"'
+        if required:
+            calls = 'call ("\\n" call)*' if parallel else "call"
+            return f'%llguidance {{}}\nstart: {calls}\ncall: "<tool_call>" {body}\n'
+        return (
+            "%llguidance {}\n"
+            f"start: {'(call)* TEXT' if parallel else 'call | TEXT'}\n"
+            "TEXT: /(.|\\n)*/\n"
+            'trig[lazy]: TEXT "<tool_call>"\n'
+            f"call: trig {body}\n"
+        )
+
+
+class JsonFormat(ToolFormat):
+    """The whole answer is a call: ``{"name": ..., "arguments": {...}}`` (or a list)."""
+
+    name = "json"
+    trigger = "{"
+
+    def render(self, call: ToolCall) -> str:
+        return json.dumps({"name": call.name, self.arguments_key: call.arguments})
+
+    def visible(self, text: str) -> str:
+        stripped = text.lstrip()
+        return "" if not stripped or stripped[0] in "{[<" else text
+
+    def parse(self, text: str, names: Sequence[str]) -> Parsed:
+        body = _unfenced(text.strip()).removeprefix("<|python_tag|>").strip()
+        if not body.startswith(("{", "[")):
+            return Parsed(text, [], [])
+        calls: list[ToolCall] = []
+        invalid: list[InvalidToolCall] = []
+        _read_calls(body, names, calls, invalid)
+        return Parsed("", calls, invalid)
+
+    def grammar(self, tools: Sequence[Tool], required: bool, parallel: bool = False) -> str:
+        """One call (a JSON list of them when ``parallel``), or free text not opening
+        with "{" unless ``required``."""
+        one = call_schema(tools, self.arguments_key)
+        call = json.dumps(
+            {"type": "array", "items": one, "minItems": 1, "x-guidance": one["x-guidance"]}
+            if parallel
+            else one
+        )
+        if required:
+            return f"%llguidance {{}}\nstart: %json {call}\n"
+        # Text that does not open with "{" stays free; "{" commits to a call.
+        return (
+            '%llguidance {}\nstart: call | TEXT | ""\n'
+            f"call: %json {call}\n"
+            "TEXT: /[^{](.|\\n)*/\n"
+        )
+
+
+class Llama3Format(JsonFormat):
+    """Llama 3.x JSON calls: ``{"name": ..., "parameters": {...}}``."""
+
+    name = "llama3"
+    arguments_key = "parameters"
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (ToolFormat(), JsonFormat(), Llama3Format())}
+
+
+def format_for(template: str | None, override: str = "auto") -> ToolFormat:
+    """The tool-call format a chat template's model was trained on (``override`` names
+    one of ``FORMATS`` instead). A template without tool support gets Hermes tags, which
+    the fallback rendering teaches in the system message."""
+    if override != "auto":
+        if override not in FORMATS:
+            raise ValueError(
+                f"tool_format must be 'auto' or one of {sorted(FORMATS)}, got {override!r}"
+            )
+        return FORMATS[override]
+    source = template or ""
+    if "<tool_call>" in source:
+        return FORMATS["hermes"]
+    if "<|python_tag|>" in source or "parameters" in source and "tools" in source:
+        return FORMATS["llama3"]
+    if "tools" in source:
+        return FORMATS["json"]
+    return FORMATS["hermes"]
+
+
+def call_schema(tools: Sequence[Tool], arguments_key: str) -> dict[str, Any]:
+    """One call of any of ``tools``, as a JSON schema; canonical JSON for llguidance."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool_name(t)}, arguments_key: parameters_of(t)},
+            "required": ["name", arguments_key],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "x-guidance": {**CANONICAL_JSON, "lenient": True}}
+
+
+def _read_calls(
+    body: str, names: Sequence[str], calls: list[ToolCall], invalid: list[InvalidToolCall]
+) -> None:
+    """The call(s) in one JSON body, appended to ``calls``, or what went wrong to ``invalid``."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as error:
+        name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
+        invalid.append(
+            InvalidToolCall(name and name.group(1), body, f"tool call is not valid JSON: {error}")
+        )
+        return
+    for item in value if isinstance(value, list) else [value]:
+        _read_call(item, names, calls, invalid)
+
+
+def _read_call(
+    item: Any, names: Sequence[str], calls: list[ToolCall], invalid: list[InvalidToolCall]
+) -> None:
+    raw = json.dumps(item)
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        invalid.append(InvalidToolCall(None, raw, "tool call has no string 'name'"))
+        return
+    name = item["name"]
+    args = item.get("arguments", item.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(args, dict):
+        invalid.append(InvalidToolCall(name, raw, "tool call arguments are not a JSON object"))
+    elif names and name not in names:
+        invalid.append(InvalidToolCall(name, json.dumps(args), f"no tool named {name!r}"))
+    else:
+        calls.append(ToolCall(name, args))
+
+
+def _unfenced(text: str) -> str:
+    match = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
+    return match.group(1) if match else text
