@@ -20,7 +20,15 @@ import torch
 from transformers import LogitsProcessor
 
 from kvboost_rag.core.tool_prompt import check_tools
-from kvboost_rag.core.tools import CANONICAL_JSON, FORMATS, Parsed, Tool, ToolFormat, tool_name
+from kvboost_rag.core.tools import (
+    CANONICAL_JSON,
+    FORMATS,
+    Parsed,
+    Tool,
+    ToolFormat,
+    strict_schema,
+    tool_name,
+)
 
 TOOL_CHOICES = ("auto", "required", "none")
 
@@ -102,21 +110,6 @@ def json_schema(response_format: Mapping[str, Any]) -> dict[str, Any]:
         "response_format must be {'type': 'json_object'} or {'type': 'json_schema', "
         f"'json_schema': {{'schema': {{...}}}}}}, got {response_format!r}"
     )
-
-
-def strict_schema(schema: Any) -> Any:
-    """``schema`` with ``additionalProperties: false`` on every object that does not say
-    (OpenAI's strict structured outputs): a small model otherwise invents keys until it
-    runs out of tokens."""
-    if isinstance(schema, list):
-        return [strict_schema(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: strict_schema(value) for key, value in schema.items()}
-    if "properties" in schema:  # the property names themselves are not schemas
-        strict["properties"] = {k: strict_schema(v) for k, v in schema["properties"].items()}
-        strict.setdefault("additionalProperties", False)
-    return strict
 
 
 class GrammarProcessor(LogitsProcessor):

@@ -196,11 +196,15 @@ def format_for(template: str | None, override: str = "auto") -> ToolFormat:
 
 
 def call_schema(tools: Sequence[Tool], arguments_key: str) -> dict[str, Any]:
-    """One call of any of ``tools``, as a JSON schema; canonical JSON for llguidance."""
+    """One call of any of ``tools``, as a JSON schema; canonical JSON for llguidance. The
+    arguments are the declared ones only (``strict_schema``)."""
     options = [
         {
             "type": "object",
-            "properties": {"name": {"const": tool_name(t)}, arguments_key: parameters_of(t)},
+            "properties": {
+                "name": {"const": tool_name(t)},
+                arguments_key: strict_schema(parameters_of(t)),
+            },
             "required": ["name", arguments_key],
             "additionalProperties": False,
         }
@@ -208,6 +212,21 @@ def call_schema(tools: Sequence[Tool], arguments_key: str) -> dict[str, Any]:
     ]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "x-guidance": {**CANONICAL_JSON, "lenient": True}}
+
+
+def strict_schema(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that does not say
+    (OpenAI's strict structured outputs): a small model otherwise invents keys until it
+    runs out of tokens."""
+    if isinstance(schema, list):
+        return [strict_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: strict_schema(value) for key, value in schema.items()}
+    if "properties" in schema:  # the property names themselves are not schemas
+        strict["properties"] = {k: strict_schema(v) for k, v in schema["properties"].items()}
+        strict.setdefault("additionalProperties", False)
+    return strict
 
 
 def _read_calls(
