@@ -9,7 +9,14 @@ from pathlib import Path
 
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
 # `demo` and `warm` never load the benchmark package.
-BENCHES = {"all": "suite", "chat": "chat", "front": "front", "rag": "rag", "warm": "warm"}
+BENCHES = {
+    "all": "suite",
+    "chat": "chat",
+    "constrained": "constrained",
+    "front": "front",
+    "rag": "rag",
+    "warm": "warm",
+}
 
 
 def bench(argv: list[str]) -> None:
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench chat|front|rag|warm ...: one workload",
+        "bench chat|constrained|front|rag|warm ...: one workload",
     )
     w = sub.add_parser(
         "warm",
