@@ -32,6 +32,7 @@ from kvboost_rag.core.requests import Requests
 from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, elapsed_ms
 from kvboost_rag.core.reuse import PassageReuse
 from kvboost_rag.core.sampling import SamplingOptions
+from kvboost_rag.core.session import SessionCache
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, cut_at_stop
 from kvboost_rag.core.structure import Constrainer, Structure
 from kvboost_rag.core.tiers import TieredStore
@@ -66,6 +67,19 @@ class KVBoost(Requests, Warming):
         self._store = TieredStore(self.config.max_cache_bytes, disk)
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
         self._reuse = self._passage_reuse()
+        # An agent's or a conversation's next request extends this one: the KV it used
+        # after its first reused passage (approximate, so never in the exact prefix cache)
+        # is kept under a key space of its own, per repair setting, and continued from.
+        self._session = (
+            SessionCache(
+                self._store,
+                self.fingerprint,
+                self.config.block_tokens,
+                repr(self.config.repair_settings()),
+            )
+            if self._reuse is not None
+            else None
+        )
         self._lock = model_lock(model)
         self._constrainer = Constrainer(tokenizer, sorted(eos_ids(model)))
         self._requests = self._prompt_tokens = self._reused_tokens = 0
@@ -241,12 +255,17 @@ class KVBoost(Requests, Warming):
 
     def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:
         match = self._prefix.match(prompt.tokens)
+        matched, blocks, approx = match.length, match.blocks, None
+        more = self._session.match(prompt.tokens, match.length) if self._session else None
+        if more is not None:
+            first = match.length // self.config.block_tokens
+            matched, blocks, approx = more.length, blocks[:first] + more.blocks, match.length
         if self._reuse is None or not prompt.passages:
-            return make_plan(prompt, match.length, None, None), match.blocks
+            return make_plan(prompt, matched, None, None, approx), blocks
         own = before_passages(prompt) if self.config.passage_prefix == "prompt" else []
         prefix = self._reuse.cache.prefix(own)
         locate = self._reuse.cache.locator(prefix)
-        return make_plan(prompt, match.length, prefix, locate), match.blocks
+        return make_plan(prompt, matched, prefix, locate, approx), blocks
 
     def _remember(self, plan: Plan, context: Context, generated: list[int]) -> None:
         """Store the new exact blocks of the prompt (and the answer) for later requests, and
@@ -254,8 +273,10 @@ class KVBoost(Requests, Warming):
         approximate and never enters the prefix cache."""
         stream = plan.tokens + generated[:-1] if self.config.cache_generated else plan.tokens
         exact = len(stream) if plan.exact_upto is None else plan.exact_upto
-        upto = min(len(stream), context.cache.get_seq_length(), exact)
-        self._prefix.insert(stream, context.cache, upto)
+        known = min(len(stream), context.cache.get_seq_length())
+        self._prefix.insert(stream, context.cache, min(known, exact))
+        if self._session is not None and exact < known:
+            self._session.insert(stream, len(plan.tokens), context.cache, known, exact)
         if self._reuse is None or plan.prefix is None:
             return
         # A recurring layout gets its own variants of the passages it had to borrow.

@@ -54,6 +54,9 @@ class Plan:
     passages: tuple[PlannedPassage, ...]  # passages after the exact prefix, in order
     route: Route  # prefill: no cache; prefix: exact prefix + prefill; reuse: passages too
     prefix: Prefix | None = None  # what this prompt's passages are encoded after
+    # Where KV from the session cache starts (an earlier request's repaired passages and
+    # what followed them: approximate); None when the exact prefix is all exact.
+    approx_from: int | None = None
 
     @property
     def foreign(self) -> int:
@@ -86,27 +89,36 @@ class Plan:
     @property
     def exact_upto(self) -> int | None:
         """Positions [0, exact_upto) end up holding exact (full-attention) KV; None: all."""
-        return self.passages[0].start if self.route == "reuse" else None
+        cuts = [self.passages[0].start] if self.route == "reuse" else []
+        cuts += [] if self.approx_from is None else [self.approx_from]
+        return min(cuts, default=None)
 
 
 Locate = Callable[[Sequence[int]], Prefix | None]
 
 
 def make_plan(
-    prompt: TokenizedPrompt, matched: int, prefix: Prefix | None, locate: Locate | None
+    prompt: TokenizedPrompt,
+    matched: int,
+    prefix: Prefix | None,
+    locate: Locate | None,
+    approx_from: int | None = None,
 ) -> Plan:
-    """``matched``: prompt tokens the exact prefix cache holds from position 0.
-    ``prefix``: what this prompt's passages are encoded after; ``locate``: the prefix whose
-    stored variant of a passage serves it, or None (both None: no passage reuse)."""
+    """``matched``: prompt tokens the prefix caches hold from position 0, exact up to
+    ``approx_from`` (None: all exact). ``prefix``: what this prompt's passages are encoded
+    after; ``locate``: the prefix whose stored variant of a passage serves it, or None
+    (both None: no passage reuse)."""
     tokens, length = prompt.tokens, len(prompt.tokens) - 1
     exact = min(matched, length)
+    approx = approx_from if approx_from is not None and approx_from < exact else None
     passages = () if locate is None else _passages(prompt, exact, length, locate)
     missing = sum(len(p.tokens) for p in passages if not p.cached)
     if passages and missing <= COLD_SHARE * sum(len(p.tokens) for p in passages):
-        return Plan(tokens, length, exact, passages, "reuse", prefix)
+        return Plan(tokens, length, exact, passages, "reuse", prefix, approx)
     if (length - exact) * MASKED_PREFILL_COST >= length:
-        exact = 0  # too little cached to pay for the masked attention a cached prefix forces
-    return Plan(tokens, length, exact, passages, "prefix" if exact else "prefill", prefix)
+        exact, approx = 0, None  # too little cached to pay for the masked attention
+    route: Route = "prefix" if exact else "prefill"
+    return Plan(tokens, length, exact, passages, route, prefix, approx)
 
 
 def _passages(

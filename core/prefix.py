@@ -41,10 +41,16 @@ class Block(NamedTuple):
 class PrefixCache:
     """Not thread-safe: the engine calls it under the model's lock."""
 
-    def __init__(self, store: TieredStore, fingerprint: bytes, block_tokens: int) -> None:
+    def __init__(
+        self,
+        store: TieredStore,
+        fingerprint: bytes,
+        block_tokens: int,
+        namespace: bytes = b"prefix-root",
+    ) -> None:
         self.store = store
         self.block_tokens = block_tokens
-        self._root = digest(b"prefix-root", fingerprint, str(block_tokens).encode())
+        self._root = digest(namespace, fingerprint, str(block_tokens).encode())
         self._blocks: dict[bytes, Block] = {}
         # parent key -> keys indexed under it (full blocks and the tail), in insertion order
         self._children: dict[bytes, dict[bytes, None]] = {}
@@ -52,13 +58,17 @@ class PrefixCache:
     def keys(self, tokens: Sequence[int]) -> list[bytes]:
         return prefix_block_keys(self._root, tokens, self.block_tokens)
 
-    def match(self, tokens: Sequence[int]) -> PrefixMatch:
+    def match(self, tokens: Sequence[int], first: int = 0) -> PrefixMatch:
         """Longest cached prefix of ``tokens``: whole blocks, then the child of the last
-        one that shares the most tokens with the rest (cut to the shared tokens)."""
-        chain = self._chain(tokens)
-        blocks = self._load_chain(tokens, chain)
-        length = len(blocks) * self.block_tokens
-        parent = chain[len(blocks) - 1] if blocks else self._root
+        one that shares the most tokens with the rest (cut to the shared tokens).
+
+        ``first``: the blocks before this one are not looked at (the caller has their KV
+        from elsewhere); ``blocks`` then starts at block ``first`` while ``length``
+        still counts from position 0."""
+        chain = self._chain(tokens, first)
+        blocks = self._load_chain(tokens, chain, first)
+        length = (first + len(blocks)) * self.block_tokens
+        parent = self.parent_key(tokens, first + len(blocks))
         rest = tuple(tokens[length:])
         while rest and (best := self._best_child(parent, rest)) is not None:
             key, shared = best
@@ -69,15 +79,18 @@ class PrefixCache:
             self._forget(key)  # evicted from every tier: try the next best child
         return PrefixMatch(length, blocks)
 
-    def insert(self, tokens: Sequence[int], cache: DynamicCache, exact_upto: int) -> int:
-        """Store every full block of ``tokens[:exact_upto]`` not yet cached; returns how many.
+    def insert(
+        self, tokens: Sequence[int], cache: DynamicCache, exact_upto: int, first: int = 0
+    ) -> int:
+        """Store every full block of ``tokens[:exact_upto]`` not yet cached, from block
+        ``first`` on; returns how many.
 
         ``cache`` holds full-attention KV for at least ``exact_upto`` positions of ``tokens``.
         """
         assert cache.get_seq_length() >= exact_upto
-        stored, parent = 0, self._root
+        stored, parent = 0, self.parent_key(tokens, first)
         keys = self.keys(tokens[:exact_upto])
-        for i, key in enumerate(keys):
+        for i, key in enumerate(keys[first:], first):
             if key not in self.store:
                 start = i * self.block_tokens
                 kv = slice_cache(cache, start, start + self.block_tokens)
@@ -91,10 +104,15 @@ class PrefixCache:
             self._put(parent, key, tail, slice_cache(cache, start, exact_upto))
         return stored
 
-    def _chain(self, tokens: Sequence[int]) -> list[bytes]:
-        """Keys of the leading full blocks the index or the store holds (no KV read)."""
+    def parent_key(self, tokens: Sequence[int], index: int) -> bytes:
+        """The key block ``index`` chains from."""
+        return self.keys(tokens[: index * self.block_tokens])[-1] if index else self._root
+
+    def _chain(self, tokens: Sequence[int], first: int = 0) -> list[bytes]:
+        """Keys of the leading full blocks (from ``first``) the index or the store holds
+        (no KV read)."""
         chain: list[bytes] = []
-        for i, key in enumerate(self.keys(tokens)):
+        for i, key in enumerate(self.keys(tokens)[first:], first):
             block = self._blocks.get(key)
             known = block is not None and block.tokens == self._block(tokens, i)
             if not (known or (block is None and key in self.store)):
@@ -102,11 +120,13 @@ class PrefixCache:
             chain.append(key)
         return chain
 
-    def _load_chain(self, tokens: Sequence[int], chain: list[bytes]) -> list[LayerKV]:
+    def _load_chain(
+        self, tokens: Sequence[int], chain: list[bytes], first: int = 0
+    ) -> list[LayerKV]:
         """KV of the chained blocks, up to the first one gone from every tier."""
         blocks: list[LayerKV] = []
-        parent = self._root
-        for i, key in enumerate(chain):
+        parent = self.parent_key(tokens, first)
+        for i, key in enumerate(chain, first):
             entry = self.store.get(key, self._block(tokens, i))
             if entry is None:
                 self._forget(key)
