@@ -10,6 +10,7 @@ from pathlib import Path
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
 # `demo` and `warm` never load the benchmark package.
 BENCHES = {
+    "agent": "agent",
     "all": "suite",
     "chat": "chat",
     "constrained": "constrained",
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench chat|constrained|front|rag|warm ...: one workload",
+        "bench agent|chat|constrained|front|rag|warm ...: one workload",
     )
     w = sub.add_parser(
         "warm",
