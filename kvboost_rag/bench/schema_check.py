@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 Schema = Mapping[str, Any]
-TYPES = {
+TYPES: dict[str, type | tuple[type, ...]] = {
     "object": dict,
     "array": list,
     "string": str,
