@@ -1,4 +1,5 @@
-"""``KVBoostLLM``: the engine as a LlamaIndex LLM, so query engines reuse passage KV."""
+"""``KVBoostLLM``: the engine as a LlamaIndex function-calling LLM, so query engines reuse
+passage KV and agents call tools under constrained decoding."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
 
 from kvboost_rag.core.config import Fidelity
 from kvboost_rag.core.engine import KVBoost
@@ -37,6 +38,15 @@ from kvboost_rag.integrations._common import (
     load_engine,
     result_stats,
 )
+from kvboost_rag.integrations.llamaindex.function_calling import (
+    TOOL_OPTIONS,
+    ToolCalling,
+    tool_specs,
+)
+from kvboost_rag.integrations.llamaindex.messages import engine_messages, response_message
+
+# What chat takes beside sampling options; complete takes only the JSON format.
+CHAT_OPTIONS = (*TOOL_OPTIONS, "response_format")
 
 # LlamaIndex's refine loop (compact and refine modes) logs ValueErrors raised by the LLM
 # and answers "Empty Response". Engine errors are ValueErrors (a prompt over the context
@@ -58,12 +68,15 @@ def noting_engine_errors() -> Iterator[None]:
         raise
 
 
-class KVBoostLLM(SamplingFields, CustomLLM):
+class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
     """A local HF model whose passage KV is computed once and reused at any position.
 
     Text inside ``kvboost_rag.passage()`` markers (what ``PassageSynthesizer`` puts around
-    each retrieved node) is served from the passage cache. Every answer carries its timing
-    and reuse statistics in ``additional_kwargs``; ``last_stats`` holds the latest ones.
+    each retrieved node, and ``retriever_tool`` around each node it returns) is served from
+    the passage cache. Tools (``chat_with_tools``, ``FunctionAgent``, ``structured_predict``)
+    are called under constrained decoding, so calls are always valid. Every answer carries
+    its timing and reuse statistics in ``additional_kwargs``; ``last_stats`` holds the
+    latest ones.
     """
 
     model_name: str = Field(
@@ -141,6 +154,7 @@ class KVBoostLLM(SamplingFields, CustomLLM):
             context_window=cast(int, self.context_window),
             num_output=self.max_tokens,
             is_chat_model=bool(self.is_chat_model),
+            is_function_calling_model=bool(self.is_chat_model),
             model_name=self.model_name,
         )
 
@@ -162,7 +176,9 @@ class KVBoostLLM(SamplingFields, CustomLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return _as_chat(self._completion_chunks(self._open_chat_stream(messages, kwargs)))
+        """Content deltas (a tool call being written is held back); the last chunk has
+        an empty delta and carries the whole answer, tool calls included, and its stats."""
+        return self._chat_chunks(self._open_chat_stream(messages, kwargs))
 
     @llm_completion_callback()
     async def acomplete(
@@ -189,7 +205,7 @@ class KVBoostLLM(SamplingFields, CustomLLM):
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
         stream = await asyncio.to_thread(self._open_chat_stream, messages, kwargs)
-        chunks = _as_chat(self._completion_chunks(stream))
+        chunks = self._chat_chunks(stream)
         return cast(ChatResponseAsyncGen, aiter_thread(chunks, close=stream.close))
 
     # -- translation ---------------------------------------------------------------------
@@ -200,15 +216,10 @@ class KVBoostLLM(SamplingFields, CustomLLM):
         return CompletionResponse(text=result.text, additional_kwargs=self._record(result))
 
     def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        options = self._options(kwargs)
         with noting_engine_errors():
-            if self.is_chat_model:
-                result = self._engine.chat(engine_messages(messages), **options)
-            else:
-                result = self._engine.generate(self._messages_prompt(messages), **options)
+            result = self._chat_request(messages, kwargs, stream=False)
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
-            additional_kwargs=self._record(result),
+            message=response_message(result), additional_kwargs=self._record(result)
         )
 
     def _open_stream(
@@ -220,11 +231,24 @@ class KVBoostLLM(SamplingFields, CustomLLM):
     def _open_chat_stream(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> GenerationStream:
-        options = self._options(kwargs)
         with noting_engine_errors():
-            if self.is_chat_model:
-                return self._engine.stream_chat(engine_messages(messages), **options)
-            return self._engine.stream(self._messages_prompt(messages), **options)
+            return self._chat_request(messages, kwargs, stream=True)
+
+    def _chat_request(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], stream: bool
+    ) -> Any:
+        """The engine's chat (through the chat template) or, without a template, its
+        completion of ``messages_to_prompt``; a stream when ``stream``."""
+        options = self._options(kwargs, CHAT_OPTIONS)
+        tools = tool_specs(options.pop("tools", None) or [])
+        if self.is_chat_model:
+            run = self._engine.stream_chat if stream else self._engine.chat
+            return run(engine_messages(messages), tools=tools, **options)
+        if tools:
+            raise ValueError("tools need a chat template; this KVBoostLLM has is_chat_model=False")
+        options = {k: v for k, v in options.items() if k not in TOOL_OPTIONS}
+        run = self._engine.stream if stream else self._engine.generate
+        return run(self._messages_prompt(messages), **options)
 
     def _completion_chunks(
         self, stream: GenerationStream
@@ -238,6 +262,19 @@ class KVBoostLLM(SamplingFields, CustomLLM):
         result = cast(GenerationResult, stream.result)
         yield CompletionResponse(text=result.text, delta="", additional_kwargs=self._record(result))
 
+    def _chat_chunks(self, stream: GenerationStream) -> Generator[ChatResponse, None, None]:
+        """As ``_completion_chunks``; the last chunk's message also has the tool calls."""
+        text = ""
+        for delta in stream:
+            text += delta
+            yield ChatResponse(
+                message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta
+            )
+        result = cast(GenerationResult, stream.result)
+        yield ChatResponse(
+            message=response_message(result), delta="", additional_kwargs=self._record(result)
+        )
+
     def _prompt(self, prompt: str, formatted: bool) -> str:
         """A raw prompt gets the system prompt, query wrapper and ``completion_to_prompt``;
         a formatted one (from ``predict``) already has them."""
@@ -248,28 +285,18 @@ class KVBoostLLM(SamplingFields, CustomLLM):
     def _messages_prompt(self, messages: Sequence[ChatMessage]) -> str:
         return str(cast(Any, self.messages_to_prompt)(messages))
 
-    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(kwargs) - set(SAMPLING_OPTIONS))
+    def _options(
+        self, kwargs: dict[str, Any], more: Sequence[str] = ("response_format",)
+    ) -> dict[str, Any]:
+        """Sampling options (fields as defaults) and the request's ``more`` options."""
+        taken = [*SAMPLING_OPTIONS, *more]
+        unknown = sorted(set(kwargs) - set(taken))
         if unknown:
-            raise TypeError(
-                f"unknown option(s) {unknown}; KVBoostLLM takes {list(SAMPLING_OPTIONS)}"
-            )
-        return self.engine_options(kwargs)
+            raise TypeError(f"unknown option(s) {unknown}; KVBoostLLM takes {taken}")
+        sampling = {k: v for k, v in kwargs.items() if k in SAMPLING_OPTIONS}
+        return {**self.engine_options(sampling), **{k: kwargs[k] for k in more if k in kwargs}}
 
     def _record(self, result: GenerationResult) -> dict[str, Any]:
         stats = result_stats(result)
         self._last_stats = stats
         return stats
-
-
-def _as_chat(chunks: Iterator[CompletionResponse]) -> Generator[ChatResponse, None, None]:
-    for chunk in chunks:
-        yield ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=chunk.text),
-            delta=chunk.delta,
-            additional_kwargs=chunk.additional_kwargs,
-        )
-
-
-def engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role.value, "content": m.content or ""} for m in messages]
