@@ -1,6 +1,8 @@
-"""LlamaIndex adapter: ``KVBoostLLM`` for any query engine, ``passage_query_engine`` so
-every response mode hands it whole retrieved nodes as reusable passages, and
-``KVBoostNodeParser`` so nodes are the engine's KV units.
+"""LlamaIndex adapter: ``KVBoostLLM`` for any query engine and agent (a function-calling
+LLM: ``FunctionAgent``, ``structured_predict``), ``passage_query_engine`` so every response
+mode hands it whole retrieved nodes as reusable passages, ``retriever_tool`` so an agent's
+retrieved nodes are reusable passages too, and ``KVBoostNodeParser`` so nodes are the
+engine's KV units.
 
 Needs ``pip install 'kvboost-rag[llamaindex]'``.
 """
@@ -13,6 +15,10 @@ from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM  # noqa: E402
 from kvboost_rag.integrations.llamaindex.node_parser import KVBoostNodeParser  # noqa: E402
 from kvboost_rag.integrations.llamaindex.prefix import query_engine_prefix  # noqa: E402
 from kvboost_rag.integrations.llamaindex.prompt_helper import PassagePromptHelper  # noqa: E402
+from kvboost_rag.integrations.llamaindex.retriever_tool import (  # noqa: E402
+    PassageRetrieverTool,
+    retriever_tool,
+)
 from kvboost_rag.integrations.llamaindex.synthesis import (  # noqa: E402
     RESPONSE_MODES,
     PassageSynthesizer,
@@ -26,9 +32,11 @@ __all__ = [
     "KVBoostLLM",
     "KVBoostNodeParser",
     "PassagePromptHelper",
+    "PassageRetrieverTool",
     "PassageSynthesizer",
     "mark_nodes",
     "passage_query_engine",
     "passage_synthesizer",
     "query_engine_prefix",
+    "retriever_tool",
 ]
