@@ -5,6 +5,7 @@ what the adapter guarantees: calls are valid, results reach the next step, KV is
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -27,6 +28,7 @@ from llama_index.core.base.llms.types import (  # noqa: E402
     TextBlock,
     ToolCallBlock,
 )
+from llama_index.core.program import FunctionCallingProgram  # noqa: E402
 from llama_index.core.prompts import PromptTemplate  # noqa: E402
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa: E402
 from llama_index.core.tools import FunctionTool  # noqa: E402
@@ -112,6 +114,10 @@ def test_chat_with_tools_required_gives_a_valid_tool_selection(llm: KVBoostLLM) 
     (selection,) = llm.get_tool_calls_from_response(response)
     check_call(selection)
     assert response.message.content == ""  # required: the answer is the call alone
+    (mirrored,) = response.message.additional_kwargs["tool_calls"]  # where older code looks
+    assert mirrored["id"] == selection.tool_id
+    assert mirrored["function"]["name"] == selection.tool_name
+    assert json.loads(mirrored["function"]["arguments"]) == selection.tool_kwargs
     assert response.additional_kwargs["finish_reason"] != "length"
 
 
@@ -154,13 +160,17 @@ async def test_streaming_gives_the_same_calls_in_the_last_chunk(llm: KVBoostLLM)
 
 
 def test_only_one_call_unless_parallel_calls_are_allowed(llm: KVBoostLLM) -> None:
-    blocks = [ToolCallBlock(tool_name="add", tool_kwargs={"a": i, "b": 1}) for i in range(2)]
-    calls = ChatResponse(message=ChatMessage(role="assistant", blocks=[TextBlock(text="")]))
-    calls.message.blocks += blocks
-    kept = llm._validate_chat_with_tools_response(calls.model_copy(deep=True), TOOLS, True)
-    assert len(llm.get_tool_calls_from_response(kept)) == 2
-    single = llm._validate_chat_with_tools_response(calls, TOOLS, False)
-    assert [s.tool_kwargs for s in llm.get_tool_calls_from_response(single)] == [{"a": 0, "b": 1}]
+    calls = [ToolCallBlock(tool_name="add", tool_kwargs={"a": i, "b": 1}) for i in range(2)]
+    message = ChatMessage(
+        role="assistant",
+        blocks=[TextBlock(text=""), *calls],
+        additional_kwargs={"tool_calls": ["first", "second"]},
+    )
+    both = llm._validate_chat_with_tools_response(ChatResponse(message=message), TOOLS, True)
+    assert len(llm.get_tool_calls_from_response(both)) == 2
+    one = llm._validate_chat_with_tools_response(ChatResponse(message=message), TOOLS, False)
+    assert [s.tool_kwargs for s in llm.get_tool_calls_from_response(one)] == [{"a": 0, "b": 1}]
+    assert one.message.additional_kwargs["tool_calls"] == ["first"]
 
 
 # -- structured outputs ----------------------------------------------------------------
@@ -177,6 +187,13 @@ async def test_structured_predict_returns_the_pydantic_object(llm: KVBoostLLM) -
     answer = llm.as_structured_llm(City).chat([ChatMessage(role="user", content="Tokyo, Japan")])
     assert isinstance(answer.raw, City)
     assert City.model_validate_json(answer.message.content or "") == answer.raw
+    # Streamed, LlamaIndex asks for the tool only when the program names it (it does not
+    # pass tool_required), and reads the call from additional_kwargs["tool_calls"].
+    program = FunctionCallingProgram.from_defaults(
+        output_cls=City, llm=llm, prompt=prompt, tool_choice="City"
+    )
+    *_, streamed = program.stream_call(city="Paris", country="France")
+    assert streamed == city
 
 
 def test_response_format_answers_json_in_the_schema(llm: KVBoostLLM) -> None:

@@ -12,12 +12,11 @@ from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
     MessageRole,
-    ToolCallBlock,
 )
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
 
-from kvboost_rag.integrations.llamaindex.messages import tool_selections
+from kvboost_rag.integrations.llamaindex.messages import first_call_only, tool_selections
 
 # The engine's chat options for tools, taken by ``KVBoostLLM.chat`` beside sampling.
 TOOL_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -63,9 +62,7 @@ class ToolCalling:
         """One call unless parallel calls were allowed: the grammar ends an answer after
         one, unconstrained decoding (``constrain=False``) may not."""
         if not allow_parallel_tool_calls:
-            blocks = response.message.blocks
-            calls = [i for i, block in enumerate(blocks) if isinstance(block, ToolCallBlock)]
-            response.message.blocks = [b for i, b in enumerate(blocks) if i not in calls[1:]]
+            response.message = first_call_only(response.message)
         return response
 
     def get_tool_calls_from_response(

@@ -22,6 +22,7 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.llms.llm import ToolSelection
 
 from kvboost_rag.core.result import GenerationResult
+from kvboost_rag.core.tools import ToolCall
 
 
 def engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -32,18 +33,35 @@ def engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def response_message(result: GenerationResult) -> ChatMessage:
-    """The engine's answer as an assistant message; output that looked like a call but
-    could not be read as one is listed in ``additional_kwargs["invalid_tool_calls"]``."""
-    calls = [
+    """The engine's answer as an assistant message: its text, and its calls as
+    ``ToolCallBlock``s. For LlamaIndex code that reads calls from
+    ``additional_kwargs["tool_calls"]`` (streamed structured outputs, chat engines), they
+    are also there as OpenAI-style dicts, as LlamaIndex's OpenAI LLM puts them. Output that
+    looked like a call but could not be read is in ``additional_kwargs["invalid_tool_calls"]``."""
+    blocks = [
         ToolCallBlock(tool_call_id=call.id, tool_name=call.name, tool_kwargs=call.arguments)
         for call in result.tool_calls
     ]
-    invalid = [asdict(call) for call in result.invalid_tool_calls]
+    extra: dict[str, Any] = {}
+    if result.tool_calls:
+        extra["tool_calls"] = [_openai_call(call) for call in result.tool_calls]
+    if result.invalid_tool_calls:
+        extra["invalid_tool_calls"] = [asdict(call) for call in result.invalid_tool_calls]
     return ChatMessage(
         role=MessageRole.ASSISTANT,
-        blocks=[TextBlock(text=result.text), *calls],
-        additional_kwargs={"invalid_tool_calls": invalid} if invalid else {},
+        blocks=[TextBlock(text=result.text), *blocks],
+        additional_kwargs=extra,
     )
+
+
+def first_call_only(message: ChatMessage) -> ChatMessage:
+    """``message`` with its first tool call alone (blocks and ``additional_kwargs``)."""
+    calls = [i for i, block in enumerate(message.blocks) if isinstance(block, ToolCallBlock)]
+    blocks = [block for i, block in enumerate(message.blocks) if i not in calls[1:]]
+    extra = dict(message.additional_kwargs)
+    if extra.get("tool_calls"):
+        extra["tool_calls"] = extra["tool_calls"][:1]
+    return message.model_copy(update={"blocks": blocks, "additional_kwargs": extra})
 
 
 def tool_selections(message: ChatMessage) -> list[ToolSelection]:
@@ -57,6 +75,11 @@ def tool_selections(message: ChatMessage) -> list[ToolSelection]:
         for block in message.blocks
         if isinstance(block, ToolCallBlock)
     ]
+
+
+def _openai_call(call: ToolCall) -> dict[str, Any]:
+    function = {"name": call.name, "arguments": json.dumps(call.arguments)}
+    return {"id": call.id, "type": "function", "function": function}
 
 
 def _engine_message(message: ChatMessage, index: int) -> dict[str, Any]:
