@@ -197,21 +197,27 @@ def format_for(template: str | None, override: str = "auto") -> ToolFormat:
 
 def call_schema(tools: Sequence[Tool], arguments_key: str) -> dict[str, Any]:
     """One call of any of ``tools``, as a JSON schema; canonical JSON for llguidance. The
-    arguments are the declared ones only (``strict_schema``)."""
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool_name(t)},
-                arguments_key: strict_schema(parameters_of(t)),
-            },
-            "required": ["name", arguments_key],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
+    arguments are the declared ones only (``strict_schema``). Each tool's ``$defs`` move
+    to the root, where its ``#/$defs/...`` references point once it is nested."""
+    defs: dict[str, dict[str, Any]] = {"$defs": {}, "definitions": {}}
+    options = []
+    for t in tools:
+        params = strict_schema(parameters_of(t))
+        for where, found in defs.items():
+            for name, schema in params.pop(where, {}).items():
+                if found.setdefault(name, schema) != schema:
+                    raise ValueError(f"tools define {where}/{name} differently; rename one")
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool_name(t)}, arguments_key: params},
+                "required": ["name", arguments_key],
+                "additionalProperties": False,
+            }
+        )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return {**schema, "x-guidance": {**CANONICAL_JSON, "lenient": True}}
+    refs = {where: found for where, found in defs.items() if found}
+    return {**schema, **refs, "x-guidance": {**CANONICAL_JSON, "lenient": True}}
 
 
 def strict_schema(schema: Any) -> Any:

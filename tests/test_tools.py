@@ -243,3 +243,21 @@ def test_json_schema_and_strictness() -> None:
     assert strict["properties"]["p"]["additionalProperties"] is False
     kept = strict_schema({"type": "object", "properties": {}, "additionalProperties": True})
     assert kept["additionalProperties"] is True
+
+
+def test_nested_models_keep_their_references_resolvable() -> None:
+    import llguidance
+
+    trip = {
+        "type": "object",
+        "properties": {"to": {"$ref": "#/$defs/City"}, "days": {"type": "integer"}},
+        "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}}}},
+    }
+    tool = {"type": "function", "function": {"name": "trip", "parameters": trip}}
+    grammar = HERMES.grammar([tool], required=True)
+    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+    other = {**trip, "$defs": {"City": {"type": "string"}}}
+    with pytest.raises(ValueError, match="City differently"):
+        HERMES.grammar(
+            [tool, {"type": "function", "function": {"name": "b", "parameters": other}}], True
+        )
