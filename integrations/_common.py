@@ -112,7 +112,8 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
         "passages_hit": result.passages_hit,
         "passages_missed": result.passages_missed,
         "passages_foreign": result.passages_foreign,
-        "finish_reason": result.finish_reason,
+        # OpenAI's name for an answer that ends in tool calls, which both frameworks read.
+        "finish_reason": "tool_calls" if result.tool_calls else result.finish_reason,
         "timings": result.timings.as_dict(),
     }
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_model
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import FunctionMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import ValidationError
 
@@ -224,8 +224,8 @@ def test_bad_input_gets_specific_errors(chat: ChatKVBoost, engine: KVBoost) -> N
         chat.invoke(QUESTION, model="gpt-4")
     with pytest.raises(ValueError, match="only text"):
         chat.invoke([HumanMessage(content=[{"type": "image", "url": "x"}])])
-    with pytest.raises(ValueError, match="no tool calling"):
-        chat.invoke([ToolMessage("4", tool_call_id="1")])
+    with pytest.raises(ValueError, match="FunctionMessage"):
+        chat.invoke([FunctionMessage("4", name="add")])
     with pytest.raises(ValueError, match="needs a user message"):
         chat.invoke([SystemMessage("hi")], documents=DOCS)
     with pytest.raises(MarkerError):

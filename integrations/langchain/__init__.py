@@ -1,5 +1,6 @@
 """LangChain adapters: ``ChatKVBoost`` (chat model), ``KVBoostLLM`` (LLM), the
-``KVBoostTextSplitter`` and the helpers that mark retrieved documents as passages.
+``KVBoostTextSplitter``, the helpers that mark retrieved documents as passages and
+``retriever_tool`` (an agent's retrieval results as marked passages).
 
 Install with ``pip install 'kvboost-rag[langchain]'``.
 """
@@ -19,6 +20,7 @@ from kvboost_rag.integrations.langchain.documents import (  # noqa: E402
     stuff_documents_kwargs,
 )
 from kvboost_rag.integrations.langchain.llm import KVBoostLLM  # noqa: E402
+from kvboost_rag.integrations.langchain.tools import retriever_tool  # noqa: E402
 
 __all__ = [
     "PASSAGE_DOCUMENT_SEPARATOR",
@@ -28,5 +30,6 @@ __all__ = [
     "format_passages",
     "passage_document_prompt",
     "prompt_prefix",
+    "retriever_tool",
     "stuff_documents_kwargs",
 ]

@@ -18,10 +18,15 @@ from kvboost_rag.integrations._common import (
     load_engine,
     result_stats,
 )
+from kvboost_rag.integrations.langchain.tools import engine_tools
 
-# What a call may pass through ``invoke(..., **kwargs)`` or ``bind(**kwargs)`` (``stop``
+# What any call may pass through ``invoke(..., **kwargs)`` or ``bind(**kwargs)`` (``stop``
 # comes as LangChain's own argument).
 CALL_OPTIONS = frozenset(SAMPLING_OPTIONS) - {"stop"} | {"documents"}
+# The answer's form, passed on to the engine: ``generate`` and ``chat`` take these ...
+FORM_OPTIONS: tuple[str, ...] = ("response_format", "constrain")
+# ... and ``chat`` these (``ChatKVBoost`` only).
+TOOL_OPTIONS: tuple[str, ...] = ("tools", "tool_choice", "parallel_tool_calls")
 # Fields that only describe how to load a model: meaningless beside a given engine.
 LOAD_FIELDS = ("model_id", "dtype", "device", "config")
 
@@ -31,6 +36,7 @@ class KVBoostFields(SamplingFields):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _ls_model_type: ClassVar[str] = "chat"  # LangSmith's model type: "chat" or "llm"
+    _form_options: ClassVar[tuple[str, ...]] = FORM_OPTIONS  # engine options beyond sampling
 
     model_id: str = Field(
         default=DEFAULT_MODEL,
@@ -95,11 +101,7 @@ class KVBoostFields(SamplingFields):
         self, stop: Sequence[str] | None, kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], list[Any]]:
         """The engine options for one call, and the documents it passed (if any)."""
-        unknown = set(kwargs) - CALL_OPTIONS - {"model"}
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) {sorted(unknown)}; a call accepts {sorted(CALL_OPTIONS)}"
-            )
+        self._check_options(kwargs)
         model = kwargs.get("model")
         if model is not None and model != self.model_id:
             raise ValueError(
@@ -107,7 +109,23 @@ class KVBoostFields(SamplingFields):
             )
         overrides = {k: kwargs[k] for k in CALL_OPTIONS - {"documents"} if k in kwargs}
         options = self.engine_options({**overrides, "stop": stop})
-        return options, list(kwargs.get("documents") or [])
+        form = {k: kwargs[k] for k in self._form_options if kwargs.get(k) is not None}
+        if "tools" in form or "tool_choice" in form:
+            form.update(engine_tools(form.get("tools"), form.get("tool_choice")))
+        return {**options, **form}, list(kwargs.get("documents") or [])
+
+    def _check_options(self, kwargs: dict[str, Any]) -> None:
+        accepted = CALL_OPTIONS | set(self._form_options)
+        unknown = set(kwargs) - accepted - {"model"}
+        if unknown & set(TOOL_OPTIONS):
+            raise TypeError(
+                f"{type(self).__name__} completes text and cannot call tools; use ChatKVBoost "
+                "for tools"
+            )
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {sorted(unknown)}; a call accepts {sorted(accepted)}"
+            )
 
     def _stats(self, result: GenerationResult) -> dict[str, Any]:
         return {"model_name": self.model_id, **result_stats(result)}

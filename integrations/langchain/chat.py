@@ -10,28 +10,23 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    ChatMessage,
-    HumanMessage,
-    SystemMessage,
-)
-from langchain_core.messages.ai import UsageMetadata
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict
+from langchain_core.runnables import Runnable
+from pydantic import BaseModel, ConfigDict
 
 from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.integrations._common import aiter_thread, documents_as_passages
-from kvboost_rag.integrations.langchain._fields import KVBoostFields
-
-_ROLES: dict[type[BaseMessage], str] = {
-    SystemMessage: "system",
-    HumanMessage: "user",
-    AIMessage: "assistant",
-}
+from kvboost_rag.integrations._common import aiter_thread
+from kvboost_rag.integrations.langchain._fields import FORM_OPTIONS, TOOL_OPTIONS, KVBoostFields
+from kvboost_rag.integrations.langchain.messages import (
+    ai_message,
+    engine_messages,
+    tool_call_chunks,
+    usage,
+)
+from kvboost_rag.integrations.langchain.structured import StructuredMethod, structured_output
+from kvboost_rag.integrations.langchain.tools import engine_tools
 
 
 class ChatKVBoost(KVBoostFields, BaseChatModel):
@@ -41,6 +36,10 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
     prompt, or pass ``documents=`` to ``invoke`` / ``bind`` (they go before the last user
     message). ``usage_metadata.input_token_details.cache_read`` counts reused prompt tokens;
     ``response_metadata`` carries ``ttft_ms``, ``kv_reuse_ratio`` and passages hit/missed.
+
+    ``bind_tools`` and ``with_structured_output`` decode calls and JSON under a grammar, so
+    they are valid even from a small model; each agent step's prompt extends the last one
+    and reads it from the cache. ``retriever_tool`` returns documents as marked passages.
 
     >>> chat = ChatKVBoost.from_model_id("smollm2-135m-instruct", max_tokens=64)  # doctest: +SKIP
     """
@@ -53,6 +52,55 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
         return "kvboost-chat"
 
     _ls_model_type = "chat"
+    _form_options = FORM_OPTIONS + TOOL_OPTIONS
+
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model offered ``tools`` (BaseTools, pydantic classes, TypedDicts, functions,
+        OpenAI dicts); its calls come back in ``AIMessage.tool_calls``.
+
+        ``tool_choice``: None / "auto" (text or a call), "any" / "required" / True (a call),
+        "none" (text), or a tool's name (that tool; also as ``{"type": "function",
+        "function": {"name": ...}}``). ``parallel_tool_calls``: several calls per answer
+        (default one). ``strict``: True decodes under the tools' grammar, so calls always
+        match their schemas; False lets the model write freely (calls are still parsed);
+        None keeps the engine's ``config.constrained_decoding`` (on by default).
+        """
+        options = engine_tools(tools, tool_choice)  # checked now, not at the first call
+        if parallel_tool_calls is not None:
+            options["parallel_tool_calls"] = parallel_tool_calls
+        if strict is not None:
+            options["constrain"] = strict
+        return self.bind(**options, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: StructuredMethod = "function_calling",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """This model answering with an instance of ``schema`` (a pydantic class) or a dict
+        (a TypedDict, JSON schema or OpenAI function dict).
+
+        ``method``: "function_calling" (a forced call of ``schema`` as a tool: the model
+        sees its description and field docs), "json_schema" (JSON decoded under the
+        schema's grammar) or "json_mode" (any JSON object; say the keys in the prompt).
+        ``include_raw``: return ``{"raw", "parsed", "parsing_error"}`` instead of raising
+        when the answer cannot be parsed. ``strict`` as in ``bind_tools``.
+        """
+        if kwargs:
+            raise ValueError(f"unsupported argument(s) {sorted(kwargs)}")
+        return structured_output(self, schema, method, include_raw, strict)
 
     def _generate(
         self,
@@ -64,11 +112,9 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
         options, documents = self._request(stop, kwargs)
         result = self.kv_engine.chat(engine_messages(messages, documents), **options)
         stats = self._stats(result)
-        message = AIMessage(
-            content=result.text, usage_metadata=_usage(result), response_metadata=stats
-        )
         generation = ChatGeneration(
-            message=message, generation_info={"finish_reason": result.finish_reason}
+            message=ai_message(result, stats),
+            generation_info={"finish_reason": stats["finish_reason"]},
         )
         return ChatResult(generations=[generation], llm_output=stats)
 
@@ -110,73 +156,22 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
     def _chunks(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> Generator[ChatGenerationChunk, None, None]:
-        """Text deltas as they decode, then one last chunk with usage and statistics.
-        Closing this generator early cancels the generation."""
+        """Content deltas as they decode, then one last chunk with the tool calls, usage and
+        statistics. Closing this generator early cancels the generation."""
         options, documents = self._request(stop, kwargs)
         stream = self.kv_engine.stream_chat(engine_messages(messages, documents), **options)
         for delta in stream:
             yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
         result = stream.result
         assert isinstance(result, GenerationResult)
+        stats = self._stats(result)
         last = AIMessageChunk(
             content="",
-            usage_metadata=_usage(result),
-            response_metadata=self._stats(result),
+            tool_call_chunks=tool_call_chunks(result),
+            usage_metadata=usage(result),
+            response_metadata=stats,
             chunk_position="last",
         )
         yield ChatGenerationChunk(
-            message=last, generation_info={"finish_reason": result.finish_reason}
+            message=last, generation_info={"finish_reason": stats["finish_reason"]}
         )
-
-
-def _usage(result: GenerationResult) -> UsageMetadata:
-    return UsageMetadata(  # type: ignore[typeddict-item]  # no output details to report
-        input_tokens=result.prompt_tokens,
-        output_tokens=result.completion_tokens,
-        total_tokens=result.prompt_tokens + result.completion_tokens,
-        input_token_details={"cache_read": result.reused_tokens},
-    )
-
-
-def engine_messages(
-    messages: Sequence[BaseMessage], documents: Sequence[Any]
-) -> list[dict[str, str]]:
-    """LangChain messages as chat-template dicts; ``documents`` become marked passages at
-    the start of the last user message."""
-    dicts = [{"role": _role(m, i), "content": _text(m, i)} for i, m in enumerate(messages)]
-    if documents:
-        users = [i for i, d in enumerate(dicts) if d["role"] == "user"]
-        if not users:
-            raise ValueError("documents= needs a user message to place the passages in")
-        last = dicts[users[-1]]
-        last["content"] = documents_as_passages(documents) + last["content"]
-    return dicts
-
-
-def _role(message: BaseMessage, index: int) -> str:
-    if isinstance(message, ChatMessage):
-        return message.role
-    for kind, role in _ROLES.items():
-        if isinstance(message, kind):
-            return role
-    raise ValueError(
-        f"messages[{index}] is a {type(message).__name__}; ChatKVBoost takes system, human, "
-        "AI and generic chat messages (it has no tool calling)"
-    )
-
-
-def _text(message: BaseMessage, index: int) -> str:
-    if isinstance(message.content, str):
-        return message.content
-    parts = []
-    for block in message.content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        else:
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise ValueError(
-                f"messages[{index}] has a {kind!r} content block; only text is supported"
-            )
-    return "".join(parts)
