@@ -251,6 +251,8 @@ class KVBoost(Requests, Warming):
         parsed = structure.parse(result.text)
         result.text = parsed.content
         result.tool_calls, result.invalid_tool_calls = parsed.calls, parsed.invalid
+        if parsed.calls and result.finish_reason == "stop":
+            result.finish_reason = "tool_calls"
         return result
 
     def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:

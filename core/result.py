@@ -12,7 +12,8 @@ from kvboost_rag.core.disk import DiskStats
 from kvboost_rag.core.store import StoreStats
 from kvboost_rag.core.tools import InvalidToolCall, ToolCall
 
-FinishReason = Literal["stop", "length", "cancelled"]
+# "tool_calls": the answer ended after calling tools (a "stop" with calls in it).
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 
 
 def elapsed_ms(since: float) -> float:

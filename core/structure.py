@@ -57,6 +57,8 @@ class Structure:
                 f"tool_choice must be one of {TOOL_CHOICES} or a tool's name {names}, got "
                 f"{choice!r}"
             )
+        if not self.tools and (choice != "auto" or self.parallel):
+            raise ValueError("tool_choice and parallel_tool_calls need tools=")
         if self.response_format is not None:
             if self.tools:
                 raise ValueError("pass tools= or response_format=, not both")

@@ -113,7 +113,7 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
         "passages_missed": result.passages_missed,
         "passages_foreign": result.passages_foreign,
         # OpenAI's name for an answer that ends in tool calls, which both frameworks read.
-        "finish_reason": "tool_calls" if result.tool_calls else result.finish_reason,
+        "finish_reason": result.finish_reason,
         "timings": result.timings.as_dict(),
     }
 

@@ -83,7 +83,7 @@ def test_a_random_model_under_the_grammar_makes_valid_calls(llama: KVBoost, seed
         max_new_tokens=200,
     )
     assert_valid(result, {"add", "search"})
-    assert result.finish_reason == "stop" and len(result.tool_calls) == 1
+    assert result.finish_reason == "tool_calls" and len(result.tool_calls) == 1
 
 
 def test_a_named_tool_choice_calls_that_tool(llama: KVBoost) -> None:

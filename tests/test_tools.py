@@ -217,6 +217,8 @@ def test_as_call_reads_the_common_shapes() -> None:
         ({"tools": ({"name": "add"},)}, "a tool must be"),
         ({"tools": (ADD,), "response_format": {"type": "json_object"}}, "not both"),
         ({"response_format": {"type": "yaml"}}, "response_format must be"),
+        ({"tool_choice": "required"}, "need tools="),
+        ({"parallel": True}, "need tools="),
     ],
 )
 def test_structure_rejects_bad_requests(kwargs: dict, error: str) -> None:
