@@ -63,3 +63,16 @@ def test_readme_fidelity_tables_equal_their_json(name: str) -> None:
     saved = README.parent / "docs" / "bench" / f"{name}.json"
     cells = ["fact 1k format_passages all", "essay 1k format_passages all"]
     assert markdown(json.loads(saved.read_text()), cells) in README.read_text()
+
+
+def test_readme_agent_tables_equal_their_json() -> None:
+    import json
+
+    from kvboost_rag.bench.agent import table
+
+    saved = json.loads((README.parent / "docs" / "bench" / "agent.json").read_text())
+    text = table(saved)
+    for name in saved["frameworks"]:
+        start = text.index("| step", text.index(f"## {name}"))
+        rows = text[start : text.index('{"steps"', start)].strip()
+        assert rows in README.read_text(), name
