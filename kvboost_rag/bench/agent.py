@@ -35,10 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="folder for agent.json/.txt")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--fidelity", default="balanced", choices=["balanced", "fast", "exact"])
+    parser.add_argument("--tag", default="", help="suffix of the output files' names")
     parser.add_argument("--chunks", type=int, default=60, help="essay chunks in the index")
     parser.add_argument("--chunk-tokens", type=int, default=160)
     parser.add_argument("--k", type=int, default=3, help="passages per search")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument(
         "--frameworks", nargs="+", default=list(FRAMEWORKS), choices=list(FRAMEWORKS)
     )
@@ -56,10 +57,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "frameworks": {},
     }
     for name in args.frameworks:
-        engine = agent_loop.RecordingEngine(base, KVBoostConfig(fidelity=args.fidelity))
+        config = KVBoostConfig(fidelity=args.fidelity)
+        engine = agent_loop.RecordingEngine(base, config, reference)
         warm_corpus(engine, docs)
         FRAMEWORKS[name](engine, docs, args.k, args.max_tokens)
-        steps = [step_row(s, agent_loop.replay(reference, s)) for s in engine.steps]
+        steps = [step_row(s) for s in engine.steps]
         report["frameworks"][name] = {"steps": steps, "summary": summary(steps)}
     if not args.no_probe:
         report["hf_probes"] = {
@@ -69,8 +71,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def step_row(step: agent_loop.Step, full: Any) -> dict[str, Any]:
-    r = step.result
+def step_row(step: agent_loop.Step) -> dict[str, Any]:
+    r, full = step.result, step.full
     return {
         "tool_choice": step.structure.tool_choice,
         "calls": [c.name for c in r.tool_calls],
@@ -133,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "agent.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "agent.txt").write_text(text + "\n")
+        name = f"agent{args.tag}"
+        (args.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / f"{name}.txt").write_text(text + "\n")
 
 
 if __name__ == "__main__":
