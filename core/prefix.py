@@ -68,7 +68,7 @@ class PrefixCache:
         chain = self._chain(tokens, first)
         blocks = self._load_chain(tokens, chain, first)
         length = (first + len(blocks)) * self.block_tokens
-        parent = self.parent_key(tokens, first + len(blocks))
+        parent = chain[len(blocks) - 1] if blocks else self.parent_key(tokens, first)
         rest = tuple(tokens[length:])
         while rest and (best := self._best_child(parent, rest)) is not None:
             key, shared = best

@@ -114,31 +114,51 @@ def json_schema(response_format: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-class GrammarProcessor(LogitsProcessor):
-    """Masks every token the grammar does not allow next. Stateful: it reads the tokens
-    generated since its first call (that call's length is the prompt), so it serves one
-    request, first token and ``generate`` alike."""
+class BitmaskProcessor(LogitsProcessor):
+    """Masks every token a matcher does not allow next. Stateful: it feeds the matcher
+    the tokens generated since its first call (that call's length is the prompt), so it
+    serves one request, first token and ``generate`` alike. Subclasses say how a token
+    is consumed and where the allowed-token bitmask (32-bit words, little-endian) is."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
-        self.matcher = matcher
+    def __init__(self, vocab_size: int) -> None:
         self._vocab = vocab_size
         self._start: int | None = None
         self._consumed = 0
+
+    def consume(self, token: int) -> None:
+        raise NotImplementedError
+
+    def bitmask(self) -> np.ndarray:
+        """The allowed next tokens as packed bits, in a uint8 array."""
+        raise NotImplementedError
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         ids = input_ids[0].tolist()
         if self._start is None:
             self._start = len(ids)
         for token in ids[self._start + self._consumed :]:
-            self.matcher.consume_token(token)
+            self.consume(token)
             self._consumed += 1
-        if self.matcher.is_error():
-            raise RuntimeError(f"constrained decoding failed: {self.matcher.get_error()}")
-        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[: self._vocab].astype(bool)
+        allowed = np.unpackbits(self.bitmask(), bitorder="little")[: self._vocab].astype(bool)
         mask = torch.ones(scores.shape[-1], dtype=torch.bool)
         mask[: allowed.size] = ~torch.from_numpy(allowed)
         return scores.masked_fill(mask.to(scores.device), float("-inf"))
+
+
+class GrammarProcessor(BitmaskProcessor):
+    """An llguidance ``LLMatcher`` as a logits processor."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        super().__init__(vocab_size)
+        self.matcher = matcher
+
+    def consume(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+    def bitmask(self) -> np.ndarray:
+        if self.matcher.is_error():
+            raise RuntimeError(f"constrained decoding failed: {self.matcher.get_error()}")
+        return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
 
 
 class Constrainer:

@@ -37,7 +37,6 @@ from pydantic import BaseModel  # noqa: E402
 from kvboost_rag import KVBoost  # noqa: E402
 from kvboost_rag.core.chunker import parse_segments  # noqa: E402
 from kvboost_rag.integrations.llamaindex import KVBoostLLM, retriever_tool  # noqa: E402
-from kvboost_rag.integrations.llamaindex.function_calling import inline_refs  # noqa: E402
 from kvboost_rag.integrations.llamaindex.messages import engine_messages  # noqa: E402
 
 pytestmark = pytest.mark.embedded
@@ -183,7 +182,9 @@ async def test_structured_predict_returns_the_pydantic_object(llm: KVBoostLLM) -
     trip = await llm.astructured_predict(
         Trip, PromptTemplate("Plan a {days} day trip from Rome, Italy."), days="3"
     )
-    assert isinstance(trip, Trip) and isinstance(trip.start, City)  # nested: $defs inlined
+    assert isinstance(trip, Trip) and isinstance(
+        trip.start, City
+    )  # nested: $defs resolve in the call schema
     answer = llm.as_structured_llm(City).chat([ChatMessage(role="user", content="Tokyo, Japan")])
     assert isinstance(answer.raw, City)
     assert City.model_validate_json(answer.message.content or "") == answer.raw
@@ -323,10 +324,3 @@ def test_malformed_input_fails_clearly(llm: KVBoostLLM) -> None:
     assert llm.get_tool_calls_from_response(text, error_on_no_tool_call=False) == []
     with pytest.raises(ValueError, match="without a tool call: '5'.*tool_required=True"):
         llm.get_tool_calls_from_response(text)
-    with pytest.raises(ValueError, match="recursive"):
-        inline_refs(
-            {
-                "$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}}},
-                "properties": {"head": {"$ref": "#/$defs/N"}},
-            }
-        )

@@ -95,7 +95,7 @@ def tool_specs(tools: Sequence[BaseTool | Mapping[str, Any]]) -> list[dict[str, 
     specs = []
     for i, tool in enumerate(tools):
         if isinstance(tool, BaseTool):
-            specs.append(_inlined(tool.metadata.to_openai_tool()))
+            specs.append(tool.metadata.to_openai_tool())
         elif isinstance(tool, Mapping):
             specs.append(dict(tool))
         else:
@@ -104,44 +104,6 @@ def tool_specs(tools: Sequence[BaseTool | Mapping[str, Any]]) -> list[dict[str, 
                 "QueryEngineTool, ...) or OpenAI-style dicts"
             )
     return specs
-
-
-def _inlined(spec: dict[str, Any]) -> dict[str, Any]:
-    """A LlamaIndex tool's spec with its ``$defs`` (pydantic's nested models) inlined:
-    the engine nests parameters inside a call's schema, where "#/$defs/..." would not
-    resolve."""
-    function = spec["function"]
-    return {**spec, "function": {**function, "parameters": inline_refs(function["parameters"])}}
-
-
-def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with each local reference ("#/$defs/Name", "#/definitions/Name")
-    replaced by its definition; ``ValueError`` for a recursive or unknown one."""
-    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
-    if not defs:
-        return schema
-    root = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
-    return _resolve(root, defs, ())
-
-
-def _resolve(node: Any, defs: dict[str, Any], seen: tuple[str, ...]) -> Any:
-    if isinstance(node, list):
-        return [_resolve(item, defs, seen) for item in node]
-    if not isinstance(node, dict):
-        return node
-    ref = node.get("$ref")
-    if not isinstance(ref, str):
-        return {key: _resolve(value, defs, seen) for key, value in node.items()}
-    name = ref.rsplit("/", 1)[-1]
-    if ref not in (f"#/$defs/{name}", f"#/definitions/{name}") or name not in defs:
-        raise ValueError(f"tool parameters refer to {ref!r}, which is not among their $defs")
-    if name in seen:
-        raise ValueError(
-            f"tool parameters are recursive through {ref!r}; constrained decoding needs a "
-            "schema without cycles"
-        )
-    rest = {key: value for key, value in node.items() if key != "$ref"}
-    return {**_resolve(defs[name], defs, (*seen, name)), **_resolve(rest, defs, seen)}
 
 
 def engine_tool_choice(choice: str | Mapping[str, Any] | None, required: bool) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from kvboost_rag.core.structure import Constrainer, Structure
+from kvboost_rag.core.structure import BitmaskProcessor, Constrainer, Structure
 from kvboost_rag.core.tools import FORMATS, Tool, call_schema, strict_schema
 
 Factory = Callable[[], LogitsProcessor]
@@ -164,29 +164,20 @@ LIBRARIES: dict[str, Callable[[], Library]] = {
 }
 
 
-class GuideProcessor(LogitsProcessor):
-    """An outlines-core ``Guide`` as a logits processor; like the engine's
-    ``GrammarProcessor`` it reads the tokens generated since its first call."""
+class GuideProcessor(BitmaskProcessor):
+    """An outlines-core ``Guide`` as a logits processor, on the engine's own masking."""
 
     def __init__(self, guide: Any, vocab_size: int) -> None:
+        super().__init__(vocab_size)
         self.guide = guide
-        self._vocab = vocab_size
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
-        self._start: int | None = None
-        self._consumed = 0
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        ids = input_ids[0].tolist()
-        if self._start is None:
-            self._start = len(ids)
-        for token in ids[self._start + self._consumed :]:
-            self.guide.advance(token, return_tokens=False)
-            self._consumed += 1
+    def consume(self, token: int) -> None:
+        self.guide.advance(token, return_tokens=False)
+
+    def bitmask(self) -> np.ndarray:
         self.guide.write_mask_into(self._bits.ctypes.data, self._bits.size, 4)
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab]
-        mask = torch.ones(scores.shape[-1], dtype=torch.bool)
-        mask[: allowed.size] = ~torch.from_numpy(allowed.astype(bool))
-        return scores.masked_fill(mask.to(scores.device), float("-inf"))
+        return self._bits.view(np.uint8)
 
 
 class TimedProcessor(LogitsProcessor):
