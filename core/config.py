@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
+from kvboost_rag.core.codec import CODECS
 from kvboost_rag.core.repair import STRATEGIES, RepairSettings
 from kvboost_rag.core.tools import FORMATS
 
@@ -77,6 +78,18 @@ class KVBoostConfig:
     cache_dir: str | Path | None = None
     # Byte budget of the disk tier; least recently used files go first.
     max_disk_bytes: int = 20 * 1024**3
+    # The shared tier every machine reads: a Redis / Valkey URL ("redis://host:6379/0",
+    # "rediss://" for TLS, "redis://:password@host", "unix:///path.sock"); None: no shared
+    # tier. Needs the redis extra. Faults never reach requests (see core/remote.py).
+    remote_url: str | None = None
+    # Key prefix in the shared tier (keys are "<namespace>:<model fingerprint>:<key>").
+    remote_namespace: str = "kvboost"
+    # Seconds one shared-tier command may take before the tier is skipped for a back-off.
+    remote_timeout: float = 0.5
+    # How passage and session KV is stored on disk and in the shared tier: "none" (as
+    # computed), "int8" or "fp8" (one byte per element, 2x smaller than bf16; measured in
+    # docs/bench/remote-*.txt). Exact prefix blocks are never coded. One of core.codec.CODECS.
+    kv_codec: str = "none"
     # How tool calls look in the model's output: "auto" reads the chat template (Hermes
     # tags when it has no tool support), or one of kvboost_rag.core.tools.FORMATS.
     tool_format: str = "auto"
@@ -92,6 +105,9 @@ class KVBoostConfig:
             raise ValueError(
                 f"tool_format must be 'auto' or one of {sorted(FORMATS)}, got {self.tool_format!r}"
             )
+        _check_remote(self)
+        if self.kv_codec not in CODECS:
+            raise ValueError(f"kv_codec must be one of {CODECS}, got {self.kv_codec!r}")
         if self.max_cache_bytes < 0:
             raise ValueError(f"max_cache_bytes must be >= 0, got {self.max_cache_bytes}")
         if not 1 <= self.block_tokens <= 4096:
@@ -122,6 +138,18 @@ class KVBoostConfig:
             edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
             probe_layers=_pick(self.probe_layers, base.probe_layers),
         )
+
+
+def _check_remote(config: KVBoostConfig) -> None:
+    url = config.remote_url
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"remote_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    if not config.remote_namespace or any(c.isspace() for c in config.remote_namespace):
+        raise ValueError(
+            f"remote_namespace must be non-empty without spaces, got {config.remote_namespace!r}"
+        )
+    if not config.remote_timeout > 0:
+        raise ValueError(f"remote_timeout must be > 0 seconds, got {config.remote_timeout}")
 
 
 def _check_choice(name: str, value: object, choices: object) -> None:

@@ -13,11 +13,10 @@ removal, so a write never lists the folder. Other processes may add or remove fi
 meanwhile: files found by a read join the index, and the folder is scanned again only
 when the index proves wrong (a file it would evict is already gone).
 
-Queued writes are drained when the interpreter exits (an ``atexit`` hook per store, held
-through a weak reference): the writer is a daemon thread, and a daemon thread still inside
-torch/safetensors code while the interpreter finalizes aborts the process ("FATAL:
-exception not rethrown"). Draining in ``atexit`` rather than making the writer non-daemon
-adds no idle wait to every exit and gives one place to report a write that failed.
+Queued writes go through a background ``Writer`` and are drained at interpreter exit (an
+``atexit`` hook per store, held through a weak reference), the one place that reports a
+write that failed. Entries are ``codec`` blobs: an optional lossy codec applies to
+approximate (passage, session) KV only.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
 import tempfile
 import threading
 import time
@@ -34,21 +32,17 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import xxhash
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
 
+from kvboost_rag.core import codec
 from kvboost_rag.core.folder_index import FolderIndex
-from kvboost_rag.core.kv import LayerKV, kv_nbytes
+from kvboost_rag.core.kv import LayerKV
 from kvboost_rag.core.store import Entry
+from kvboost_rag.core.writer import Writer
 
-FORMAT = "kvboost-kv-2"
 _STALE_TEMP_SECONDS = 600  # temp files older than this were left by a killed writer
-_WRITER_IDLE_SECONDS = 5.0  # the writer ends after this long without work (frees the store)
-_STOP = None  # queued to end the writer
 
-_Write = tuple[bytes, tuple[int, ...], LayerKV]
+_Write = tuple[bytes, tuple[int, ...], LayerKV, bool]
 
 
 @dataclass(frozen=True)
@@ -64,18 +58,19 @@ class DiskStats:
 class DiskStore:
     """Thread-safe within a process; safe across processes sharing ``root``."""
 
-    def __init__(self, root: str | Path, fingerprint: bytes, max_bytes: int) -> None:
+    def __init__(
+        self, root: str | Path, fingerprint: bytes, max_bytes: int, kv_codec: str = "none"
+    ) -> None:
         self.dir = Path(root) / fingerprint.hex()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fingerprint = fingerprint.hex()
         self.max_bytes = max_bytes
+        self.codec = kv_codec
         self._lock = threading.Lock()
         self._hits = self._misses = self._corrupt = 0
-        self._queue: queue.Queue[_Write | None] = queue.Queue()
-        self._writer: threading.Thread | None = None
+        self._writer: Writer[_Write] = Writer("kvboost-disk-writer", self._write)
         self._failures: list[tuple[Path, Exception]] = []  # raised by flush()
         self._pending: set[bytes] = set()  # queued, not yet written
-        self._closed = False  # after close(), writes are synchronous
         self._remove_stale_temps()
         self._index = FolderIndex(self.dir)
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -104,24 +99,19 @@ class DiskStore:
             self._index.used(path, size)
         return self._count(entry)
 
-    def put_later(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
+    def put_later(
+        self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
+    ) -> None:
         """Queue a write for the background writer (warming overlaps compute and I/O);
-        ``flush()`` waits for queued writes. A queued key reads as absent until written."""
+        ``flush()`` waits for queued writes."""
         with self._lock:
-            if not self._closed:
-                self._pending.add(key)
-                self._queue.put((key, tokens, kv))  # under the lock: see _write_queued
-                if self._writer is None:
-                    self._writer = threading.Thread(
-                        target=self._write_queued, name="kvboost-disk-writer", daemon=True
-                    )
-                    self._writer.start()
-                return
-        self.put(key, tokens, kv)
+            self._pending.add(key)
+        if not self._writer.submit((key, tokens, kv, approximate)):  # closed: write now
+            self._write((key, tokens, kv, approximate))
 
     def flush(self) -> None:
         """Wait until queued writes are on disk; raise the first write that failed."""
-        self._queue.join()
+        self._writer.join()
         with self._lock:
             failures, self._failures = self._failures, []
         if failures:
@@ -132,56 +122,27 @@ class DiskStore:
     def close(self) -> None:
         """Write what is queued, then end the writer; later writes are synchronous.
         Called at interpreter exit; a write that fails then is reported as a warning."""
-        with self._lock:
-            self._closed = True
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                self._queue.put(_STOP)
-        if writer is not None:
-            writer.join()
+        self._writer.close()
         self.flush()
 
-    def _write_queued(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=_WRITER_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:  # put_later and close queue under this lock: none is missed
-                    if self._queue.empty():
-                        # Ending drops the thread's reference, so an unused store is freed.
-                        self._writer = None
-                        return
-                continue
-            if item is _STOP:
-                self._queue.task_done()
-                return
-            self._write(*item)
-
-    def _write(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
+    def _write(self, item: _Write) -> None:
+        key = item[0]
         try:
-            self.put(key, tokens, kv)
+            self.put(*item)
         except Exception as error:  # not swallowed: flush() raises it to the caller
             with self._lock:
                 self._failures.append((self.path(key), error))
         finally:
             with self._lock:
                 self._pending.discard(key)
-            self._queue.task_done()
 
-    def put(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> None:
+    def put(
+        self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
+    ) -> None:
         path = self.path(key)
         path.parent.mkdir(exist_ok=True)
-        tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32)}
-        for i, (k, v) in enumerate(kv):
-            tensors[f"k{i}"], tensors[f"v{i}"] = k.contiguous().cpu(), v.contiguous().cpu()
-        meta = {
-            "format": FORMAT,
-            "fingerprint": self.fingerprint,
-            "key": key.hex(),
-            "layers": str(len(kv)),
-            "checksum": _checksum(tensors),
-        }
-        size = _atomic_write(path, tensors, meta)
+        data = codec.to_bytes(key, self.fingerprint, tokens, kv, self.codec, approximate)
+        size = _atomic_write(path, data)
         with self._lock:
             self._index.used(path, size)
             self._enforce_budget()
@@ -204,20 +165,10 @@ class DiskStore:
             with safe_open(path, framework="pt") as f:
                 meta = f.metadata() or {}
                 tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
-            ok = (
-                meta.get("format") == FORMAT
-                and meta.get("fingerprint") == self.fingerprint
-                and meta.get("key") == key.hex()
-                and meta.get("checksum") == _checksum(tensors)
-            )
-            if not ok:
-                raise ValueError("checksum, key or model fingerprint does not match")
-            layers = int(meta["layers"])
-            kv = [(tensors[f"k{i}"], tensors[f"v{i}"]) for i in range(layers)]
-        except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as error:
+            return codec.decode(tensors, meta, key, self.fingerprint)
+        except (SafetensorError, ValueError, json.JSONDecodeError) as error:
             self._discard(path, error)
             return None
-        return Entry(tuple(tensors["tokens"].tolist()), kv, kv_nbytes(kv))
 
     def _discard(self, path: Path, error: Exception) -> None:
         warnings.warn(
@@ -267,27 +218,14 @@ def _close_at_exit(ref: weakref.ref[DiskStore]) -> None:
         warnings.warn(f"{error}; its KV was not cached", stacklevel=1)
 
 
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    # xxh3 hashes the tensors' memory in place at memory speed: a serving process checks
-    # every file it reads, so a slower hash would show up in TTFT.
-    h = xxhash.xxh3_128()
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
-    return h.hexdigest()
-
-
-def _atomic_write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
+def _atomic_write(path: Path, data: bytes) -> int:
     """Write the file whole or not at all; returns its size."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
-        # Serialized in memory, then written with a file write, which releases the GIL
-        # while the kernel takes the bytes: save_file writes while holding it, so a write
-        # the kernel throttles (GiBs of dirty pages while warming a corpus) also stops the
-        # encoding thread. One extra 2.7 MB copy per passage is the price.
-        data = save(tensors, metadata=meta)
+        # Serialized in memory (codec.to_bytes), then written with a file write, which
+        # releases the GIL while the kernel takes the bytes: save_file writes while holding
+        # it, so a write the kernel throttles (GiBs of dirty pages while warming a corpus)
+        # also stops the encoding thread. One extra 2.7 MB copy per passage is the price.
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

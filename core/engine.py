@@ -19,7 +19,6 @@ from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.context import Context, build_context
 from kvboost_rag.core.decoding import Decoded, eos_ids, generate_tokens, model_lock
-from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.fingerprint import model_fingerprint
 from kvboost_rag.core.kv import LayerKV
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
@@ -35,7 +34,7 @@ from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.session import SessionCache
 from kvboost_rag.core.streaming import Cancelled, GenerationStream, cut_at_stop
 from kvboost_rag.core.structure import Constrainer, Structure
-from kvboost_rag.core.tiers import TieredStore
+from kvboost_rag.core.tiers import open_tiers
 from kvboost_rag.core.warming import Warming
 
 
@@ -59,12 +58,7 @@ class KVBoost(Requests, Warming):
         self._prompts = PromptEncoder(
             tokenizer, self.context_window, self.config.max_passage_tokens
         )
-        disk = (
-            DiskStore(self.config.cache_dir, self.fingerprint, self.config.max_disk_bytes)
-            if self.config.cache_dir is not None
-            else None
-        )
-        self._store = TieredStore(self.config.max_cache_bytes, disk)
+        self._store = open_tiers(self.config, self.fingerprint)
         self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
         self._reuse = self._passage_reuse()
         # An agent's or a conversation's next request extends this one: the KV it used
@@ -186,7 +180,12 @@ class KVBoost(Requests, Warming):
         with self._lock:
             tiers = self._store.stats()
             return EngineStats(
-                tiers.memory, tiers.disk, self._requests, self._prompt_tokens, self._reused_tokens
+                tiers.memory,
+                tiers.disk,
+                self._requests,
+                self._prompt_tokens,
+                self._reused_tokens,
+                tiers.remote,
             )
 
     def clear_cache(self) -> None:

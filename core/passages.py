@@ -133,7 +133,8 @@ class PassageCache:
         unique = list(missing)
         # Store each batch as it is encoded: its disk writes overlap the next batch.
         for i, kv in self.encoder.encode(prefix.tokens, unique, batch_size):
-            self.store.put(self.key(prefix, unique[i]), prefix.tokens + unique[i], kv, True)
+            key, tokens = self.key(prefix, unique[i]), prefix.tokens + unique[i]
+            self.store.put(key, tokens, kv, persist=True, approximate=True)
             for j in missing[unique[i]]:
                 kvs[j] = kv
             if progress is not None:

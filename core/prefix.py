@@ -47,8 +47,10 @@ class PrefixCache:
         fingerprint: bytes,
         block_tokens: int,
         namespace: bytes = b"prefix-root",
+        approximate: bool = False,
     ) -> None:
         self.store = store
+        self.approximate = approximate  # session KV: lower tiers may store it lossily
         self.block_tokens = block_tokens
         self._root = digest(namespace, fingerprint, str(block_tokens).encode())
         self._blocks: dict[bytes, Block] = {}
@@ -147,7 +149,7 @@ class PrefixCache:
         return None if best is None else (best, shared)
 
     def _put(self, parent: bytes, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> bool:
-        if not self.store.put(key, tokens, kv):
+        if not self.store.put(key, tokens, kv, approximate=self.approximate):
             return False  # larger than the whole memory budget: not stored, not indexed
         self._index(parent, key, tokens, kv_nbytes(kv))
         return True

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from kvboost_rag.core.disk import DiskStats
+from kvboost_rag.core.remote import RemoteStats
 from kvboost_rag.core.store import StoreStats
 from kvboost_rag.core.tools import InvalidToolCall, ToolCall
 
@@ -111,3 +112,4 @@ class EngineStats:
     requests: int  # completed generate/chat/stream calls
     prompt_tokens: int  # summed over requests
     reused_tokens: int  # prompt tokens served from cache, summed over requests
+    remote: RemoteStats | None = None  # the shared tier (None without remote_url)

@@ -35,7 +35,7 @@ class SessionCache:
         self, store: TieredStore, fingerprint: bytes, block_tokens: int, setting: str
     ) -> None:
         namespace = b"session:" + setting.encode()
-        self._blocks = PrefixCache(store, fingerprint, block_tokens, namespace)
+        self._blocks = PrefixCache(store, fingerprint, block_tokens, namespace, approximate=True)
         self._answers: OrderedDict[tuple[bytes, tuple[int, ...]], None] = OrderedDict()
         self._by_parent: dict[bytes, set[tuple[int, ...]]] = {}
         self.block_tokens = block_tokens

