@@ -20,6 +20,9 @@ class Context:
     # positions [0, plan.length) (generate feeds the last token)
     logits: torch.Tensor | None  # next-token logits after the prompt, when computed
     reused: int  # prompt tokens whose KV came from a cache and was kept
+    # Passages whose KV was read from the passage cache; None on routes that read none. Can
+    # be fewer than the plan's: a variant can vanish (or prove damaged) between the two.
+    passages_hit: int | None = None
 
 
 def build_context(
@@ -46,4 +49,4 @@ def build_context(
         assembled = reuse.assemble(plan, prefix, found)
     with timings.stage("repair"):
         cache, logits, kept = reuse.repair(plan, assembled)
-    return Context(cache, logits, plan.exact + kept)
+    return Context(cache, logits, plan.exact + kept, found.hits)

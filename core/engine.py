@@ -304,6 +304,7 @@ class KVBoost(Requests, Warming):
             reason = "stop"
         else:
             reason = "length"
+        hits = plan.hits if context.passages_hit is None else context.passages_hit
         timings.prefill_ms = (decoded.first_at - decoded.started) * 1e3
         timings.decode_ms = (decoded.ended - decoded.first_at) * 1e3
         return GenerationResult(
@@ -316,7 +317,7 @@ class KVBoost(Requests, Warming):
             ttft_ms=(decoded.first_at - start) * 1e3,
             total_ms=elapsed_ms(start),
             timings=timings,
-            passages_hit=plan.hits,
-            passages_missed=plan.misses,
+            passages_hit=hits,
+            passages_missed=len(plan.passages) - hits,
             passages_foreign=plan.foreign,
         )

@@ -212,7 +212,7 @@ class RemoteStore:
             result = op(self._client)
         except self._errors.ResponseError as error:  # the server answered: it is up
             self._count("errors", None)
-            self._once(str(error).split(" ")[0], str(error))
+            self._once(type(error).__name__, f"{type(error).__name__}: {error}")
             return fallback
         except (self._errors.RedisError, OSError) as error:
             self._count("errors", None)

@@ -46,9 +46,12 @@ class RedisServer:
     def start(self) -> RedisServer:
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir"]
         cmd += [str(self.folder), "--save", "", "--appendonly", "no", *self.args]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        log = self.folder / "redis.log"
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
@@ -56,7 +59,8 @@ class RedisServer:
                         return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        self.stop()
+        raise RuntimeError(f"redis-server did not start on port {self.port}: {log.read_text()}")
 
     def stop(self) -> None:
         if self.process is not None:
