@@ -34,26 +34,45 @@ def demo(args: argparse.Namespace) -> None:
 
 
 def warm_folder(args: argparse.Namespace) -> None:
-    """Warm every matching text file of a folder into ``--cache-dir`` and print the report."""
+    """Warm every matching text file of a folder into ``--cache-dir`` and / or
+    ``--remote-url`` and print the report."""
     from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
     from kvboost_rag.warm import chat_prefix
 
+    if args.cache_dir is None and args.remote_url is None:
+        raise SystemExit("warm needs --cache-dir, --remote-url or both: where the KV goes")
     files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
     if not files:
         raise SystemExit(f"no files match {args.glob!r} in {args.folder}")
-    config = KVBoostConfig(cache_dir=args.cache_dir, fidelity=args.fidelity)
+    config = KVBoostConfig(
+        cache_dir=args.cache_dir,
+        fidelity=args.fidelity,
+        remote_url=args.remote_url,
+        remote_namespace=args.remote_namespace,
+        kv_codec=args.kv_codec,
+    )
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
     prefix = chat_prefix(args.system) if args.system is not None else args.prefix
     texts = [p.read_text(encoding="utf-8") for p in files]
     report = warm_corpus(engine, texts, prefix=prefix)
-    disk = engine.stats().disk
-    assert disk is not None
     print(
         f"warmed {report.documents} files into {report.units} passages "
         f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
-        f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s; "
-        f"{disk.bytes / 2**20:.0f} MiB in {disk.entries} files under {args.cache_dir}"
+        f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s"
     )
+    stats = engine.stats()
+    if stats.disk is not None:
+        print(
+            f"disk: {stats.disk.bytes / 2**20:.0f} MiB in {stats.disk.entries} files "
+            f"under {args.cache_dir}"
+        )
+    if stats.remote is not None:
+        remote = stats.remote
+        print(
+            f"shared tier {remote.url}: {remote.writes} values written "
+            f"({remote.written_bytes / 2**20:.0f} MiB), {remote.skipped} already there or "
+            f"skipped, {remote.errors} errors"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,14 +95,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     w = sub.add_parser(
         "warm",
-        help="warm a folder of text files into a cache_dir",
-        description="Encode each text file as a passage into --cache-dir. Passage KV is "
+        help="warm a folder of text files into a cache_dir and / or Redis",
+        description="Encode each text file as a passage into --cache-dir and / or the "
+        "shared tier at --remote-url. Passage KV is "
         "cached for the prompt text before the passages: give --prefix or --system as your "
         "prompts will have it (without either, a generic variant that any prompt reuses at "
         "lower quality).",
     )
     w.add_argument("folder", type=Path)
-    w.add_argument("--cache-dir", required=True, help="the disk tier every process reads")
+    w.add_argument("--cache-dir", help="the disk tier every process of this machine reads")
+    w.add_argument(
+        "--remote-url",
+        help="the shared tier every machine reads: redis://host:6379/0 (rediss:// for TLS)",
+    )
+    w.add_argument("--remote-namespace", default="kvboost", help="key prefix in Redis")
+    w.add_argument(
+        "--kv-codec",
+        default="none",
+        choices=["none", "int8", "fp8"],
+        help="how passage KV is stored on disk and in Redis (readers decode any codec)",
+    )
     w.add_argument("--glob", default="*.txt", help="which files of the folder (default *.txt)")
     w.add_argument("--model", default="smollm2-135m-instruct")
     w.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from conftest import make_model, make_tokenizer
 
-from kvboost_rag import KVBoost, format_passages
+from kvboost_rag import KVBoost, KVBoostConfig, format_passages
 from kvboost_rag.cli import main
 
 
@@ -104,3 +104,26 @@ def test_warm_takes_one_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str
             ["warm", str(tmp_path), "--cache-dir", str(tmp_path), "--prefix", "a", "--system", "b"]
         )
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_warm_folder_into_redis_only(
+    tmp_path: Path, tiny_engines: list[KVBoost], capsys: pytest.CaptureFixture[str], redis_server
+) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i, note in enumerate(NOTES):
+        (folder / f"{i}.txt").write_text(note + "\n")
+    main(["warm", str(folder), "--remote-url", redis_server.url, "--kv-codec", "int8"])
+    out = capsys.readouterr().out
+    assert "warmed 3 files into 3 passages" in out and "3 values written" in out
+    # A second machine (no disk, the default codec) decodes the int8 values it reads.
+    reader = KVBoost(
+        make_model("llama"), make_tokenizer(), KVBoostConfig(remote_url=redis_server.url)
+    )
+    result = reader.generate("Which?", passages=[n + "\n" for n in NOTES], max_new_tokens=1)
+    assert (result.passages_hit, result.passages_missed) == (3, 0)
+
+
+def test_warm_needs_a_destination(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--cache-dir, --remote-url or both"):
+        main(["warm", str(tmp_path)])
