@@ -11,7 +11,9 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 @pytest.mark.embedded
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_block_runs(index: int) -> None:
+def test_readme_python_block_runs(index: int, request, monkeypatch) -> None:
+    if "REDIS_URL" in BLOCKS[index]:  # the shared-tier recipe: a private redis-server
+        monkeypatch.setenv("REDIS_URL", request.getfixturevalue("redis_server").url)
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {})
 
 
