@@ -97,6 +97,8 @@ def decode(
         tokens = tuple(tensors["tokens"].tolist())
     except KeyError as error:
         raise ValueError(f"missing field {error}") from error
+    except RuntimeError as error:  # tensors that do not fit together (another layout)
+        raise ValueError(f"inconsistent tensors: {error}") from error
     return Entry(tokens, kv, kv_nbytes(kv), meta.get("approximate") == "1")
 
 

@@ -214,7 +214,7 @@ class RemoteStore:
             self._count("errors", None)
             self._once(type(error).__name__, f"{type(error).__name__}: {error}")
             return fallback
-        except (self._errors.RedisError, OSError) as error:
+        except Exception as error:  # connection, timeout, protocol: do not trust the server
             self._count("errors", None)
             self._health.failed(error)
             return fallback

@@ -10,18 +10,21 @@ finalizes aborts the process ("FATAL: exception not rethrown").
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("kvboost_rag")
 IDLE_SECONDS = 5.0
 _STOP = object()  # queued to end the thread
 
 
 class Writer(Generic[T]):
-    """Thread-safe. ``apply`` must handle its own errors (it runs on the writer thread)."""
+    """Thread-safe. ``apply`` should handle its own errors (it runs on the writer thread);
+    one it lets through is logged and the thread goes on, so ``join`` never waits forever."""
 
     def __init__(self, name: str, apply: Callable[[T], None]) -> None:
         self._name = name
@@ -70,5 +73,7 @@ class Writer(Generic[T]):
                 if item is _STOP:
                     return
                 self._apply(item)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("kvboost-rag: %s failed on a queued write", self._name)
             finally:
                 self._queue.task_done()

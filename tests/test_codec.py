@@ -83,3 +83,11 @@ def test_foreign_key_or_model_raises() -> None:
         codec.from_bytes(blob, KEY, "another-model")
     with pytest.raises(ValueError, match="fingerprint"):
         codec.from_bytes(blob, digest(b"other"), "fp")
+
+
+def test_a_checksummed_value_of_another_layout_raises_value_error() -> None:
+    tensors, meta = codec.encode(KEY, "fp", TOKENS, kv(), "int8", True)
+    tensors["ks0"] = tensors["ks0"][:, :1, :, :1].repeat(1, 1, 1, 3)  # scales do not fit
+    meta["checksum"] = codec.checksum(tensors)
+    with pytest.raises(ValueError, match="inconsistent"):
+        codec.decode(tensors, meta, KEY, "fp")

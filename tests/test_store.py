@@ -32,3 +32,22 @@ def test_entry_over_whole_budget_is_refused() -> None:
     store = MemoryStore(max_bytes=10)
     assert store.put(b"k", (1,), _kv(4)) is False
     assert store.stats().entries == 0
+
+
+def test_a_writer_survives_an_item_that_raises() -> None:
+    from kvboost_rag.core.writer import Writer
+
+    done: list[int] = []
+
+    def apply(item: int) -> None:
+        if item == 1:
+            raise RuntimeError("boom")
+        done.append(item)
+
+    writer: Writer[int] = Writer("test-writer", apply)
+    for item in range(3):
+        writer.submit(item)
+    writer.join()  # returns: the failing item neither stops the thread nor blocks join
+    assert done == [0, 2]
+    writer.close()
+    assert not writer.submit(4)
