@@ -218,6 +218,28 @@ def test_out_of_memory_refusals_warn_once(tmp_path: Path, expected) -> None:
         server.stop()
 
 
+def test_keys_the_server_evicts_are_misses_and_nothing_else(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+    server.start()
+    try:
+        docs = corpus(60)
+        writer = make_engine(server.url)
+        writer.warm_passages(docs)
+        assert len(server.client().keys(b"kvboost:*")) < len(docs)  # the server evicted some
+        reader = make_engine(server.url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            hits = [
+                reader.generate(QUESTION, passages=docs[i : i + 6], max_new_tokens=1)
+                for i in range(0, 60, 6)
+            ]
+        found = sum(r.passages_hit for r in hits)
+        assert 0 < found < len(docs) and sum(r.passages_missed for r in hits) == 60 - found
+        assert same_kv(writer, reader) >= found  # every value read was writer's, bit for bit
+    finally:
+        server.stop()
+
+
 def test_values_over_the_servers_limit_are_skipped(tmp_path: Path) -> None:
     server = RedisServer(tmp_path, "--proto-max-bulk-len", "1mb").start()
     try:
