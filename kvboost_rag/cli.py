@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from pathlib import Path
 
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
@@ -44,6 +45,9 @@ def warm_folder(args: argparse.Namespace) -> None:
     files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
     if not files:
         raise SystemExit(f"no files match {args.glob!r} in {args.folder}")
+    texts, skipped = read_texts(files, args.strict)
+    if not texts:
+        raise SystemExit(f"none of the {len(files)} files in {args.folder} can be warmed")
     config = KVBoostConfig(
         cache_dir=args.cache_dir,
         fidelity=args.fidelity,
@@ -53,12 +57,12 @@ def warm_folder(args: argparse.Namespace) -> None:
     )
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
     prefix = chat_prefix(args.system) if args.system is not None else args.prefix
-    texts = [p.read_text(encoding="utf-8") for p in files]
     report = warm_corpus(engine, texts, prefix=prefix)
     print(
         f"warmed {report.documents} files into {report.units} passages "
         f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
         f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s"
+        + (f"; skipped {skipped} files (warned above)" if skipped else "")
     )
     stats = engine.stats()
     if stats.disk is not None:
@@ -73,6 +77,28 @@ def warm_folder(args: argparse.Namespace) -> None:
             f"({remote.written_bytes / 2**20:.0f} MiB), {remote.skipped} already there or "
             f"skipped, {remote.errors} errors"
         )
+
+
+def read_texts(files: list[Path], strict: bool) -> tuple[list[str], int]:
+    """The text of each file; a file that is not UTF-8 text or has none is skipped with a
+    warning naming it (``strict``: the command stops there with that message)."""
+    texts, skipped = [], 0
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+            problem = None if text.strip() else "it is empty"
+        except UnicodeDecodeError as error:
+            problem = f"it is not UTF-8 text (byte {error.start}: {error.reason})"
+        except OSError as error:
+            problem = f"it cannot be read ({error.strerror})"
+        if problem is None:
+            texts.append(text)
+            continue
+        if strict:
+            raise SystemExit(f"{path}: {problem}")
+        warnings.warn(f"skipping {path}: {problem}", stacklevel=2)
+        skipped += 1
+    return texts, skipped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,6 +142,11 @@ def main(argv: list[str] | None = None) -> None:
         help="how passage KV is stored on disk and in Redis (readers decode any codec)",
     )
     w.add_argument("--glob", default="*.txt", help="which files of the folder (default *.txt)")
+    w.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at a file that is empty or not UTF-8 text (default: skip it with a warning)",
+    )
     w.add_argument("--model", default="smollm2-135m-instruct")
     w.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
     w.add_argument("--fidelity", default="balanced", choices=["balanced", "fast"])

@@ -127,3 +127,23 @@ def test_warm_folder_into_redis_only(
 def test_warm_needs_a_destination(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--cache-dir, --remote-url or both"):
         main(["warm", str(tmp_path)])
+
+
+def test_warm_skips_empty_and_non_utf8_files_with_a_warning_naming_each(
+    tmp_path: Path, tiny_engines: list[KVBoost], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i, note in enumerate(NOTES):
+        (folder / f"{i}.txt").write_text(note + "\n")
+    (folder / "empty.txt").write_text("  \n")
+    (folder / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me".encode("latin-1"))
+    with pytest.warns(UserWarning) as caught:
+        main(["warm", str(folder), "--cache-dir", str(tmp_path / "cache")])
+    messages = sorted(str(w.message) for w in caught)
+    assert any("empty.txt: it is empty" in m for m in messages)
+    assert any("latin1.txt: it is not UTF-8 text (byte 3" in m for m in messages)
+    out = capsys.readouterr().out
+    assert "warmed 3 files into 3 passages" in out and "skipped 2 files" in out
+    with pytest.raises(SystemExit, match="empty.txt: it is empty"):
+        main(["warm", str(folder), "--cache-dir", str(tmp_path / "cache"), "--strict"])
