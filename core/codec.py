@@ -12,10 +12,16 @@ scaled per channel over the entry's tokens and values per token (KIVI: key outli
 fixed channels, value outliers in tokens). Scales are float16 (1.6 % of a bf16 passage's
 bytes). Only approximate KV (passages, sessions) is ever coded: exact prefix blocks are
 stored as computed, so "exact" fidelity stays bit-faithful from every tier.
+
+A checksum catches damage, not malice. With a secret (``cache_secret``) every entry also
+carries an HMAC-SHA256 over its metadata and every tensor's name, dtype, shape and bytes;
+an unsigned or wrongly signed entry then fails ``decode`` like a damaged one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 
 import torch
@@ -31,6 +37,7 @@ CODECS: tuple[str, ...] = ("none", "int8", "fp8")
 _QUANT = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.bfloat16, torch.float16)}
 _TINY_SCALE = torch.finfo(torch.float16).tiny  # scales are stored as float16
+_SIGNED = ("format", "fingerprint", "key", "layers", "codec", "dtype", "approximate")
 
 
 def encode(
@@ -40,6 +47,7 @@ def encode(
     kv: LayerKV,
     codec: str,
     approximate: bool,
+    secret: bytes | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors and metadata of an entry. ``codec`` applies only when ``approximate``."""
     codec = codec if approximate else "none"
@@ -61,6 +69,8 @@ def encode(
         "approximate": "1" if approximate else "0",
         "checksum": checksum(tensors),
     }
+    if secret:
+        meta["signature"] = signature(secret, tensors, meta)
     return tensors, meta
 
 
@@ -71,15 +81,21 @@ def to_bytes(
     kv: LayerKV,
     codec: str,
     approximate: bool,
+    secret: bytes | None = None,
 ) -> bytes:
-    tensors, meta = encode(key, fingerprint, tokens, kv, codec, approximate)
+    tensors, meta = encode(key, fingerprint, tokens, kv, codec, approximate, secret)
     return save(tensors, metadata=meta)
 
 
 def decode(
-    tensors: dict[str, torch.Tensor], meta: dict[str, str], key: bytes, fingerprint: str
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, str],
+    key: bytes,
+    fingerprint: str,
+    secret: bytes | None = None,
 ) -> Entry:
-    """The entry, decoded to the model's dtype; ``ValueError`` when it is foreign or damaged."""
+    """The entry, decoded to the model's dtype; ``ValueError`` when it is foreign or damaged,
+    or (with a ``secret``) unsigned or wrongly signed."""
     try:
         ok = (
             meta.get("format") == FORMAT
@@ -89,6 +105,8 @@ def decode(
         )
         if not ok:
             raise ValueError("checksum, key or model fingerprint does not match")
+        if secret:
+            check_signature(secret, tensors, meta)
         codec = meta.get("codec", "none")
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}")
@@ -102,7 +120,7 @@ def decode(
     return Entry(tokens, kv, kv_nbytes(kv), meta.get("approximate") == "1")
 
 
-def from_bytes(data: bytes, key: bytes, fingerprint: str) -> Entry:
+def from_bytes(data: bytes, key: bytes, fingerprint: str, secret: bytes | None = None) -> Entry:
     """Parse and check an entry held as bytes; ``ValueError`` when it is not a whole,
     valid entry of this key and model (truncated values included)."""
     try:
@@ -112,7 +130,34 @@ def from_bytes(data: bytes, key: bytes, fingerprint: str) -> Entry:
         tensors = load(data)
     except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError) as error:
         raise ValueError(f"not a safetensors entry: {error}") from error
-    return decode(tensors, meta, key, fingerprint)
+    return decode(tensors, meta, key, fingerprint, secret)
+
+
+def signature(secret: bytes, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """HMAC-SHA256 over the metadata fields that shape the entry and every tensor's name,
+    dtype, shape and bytes (length-prefixed, so no field can run into the next)."""
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for field in _SIGNED:
+        _update(mac, field.encode(), meta.get(field, "").encode())
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        _update(mac, name.encode(), str(t.dtype).encode(), repr(tuple(t.shape)).encode())
+        _update(mac, memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
+    return mac.hexdigest()
+
+
+def check_signature(secret: bytes, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    found = meta.get("signature")
+    if not found:
+        raise ValueError("unsigned entry, and a cache_secret is set")
+    if not hmac.compare_digest(found, signature(secret, tensors, meta)):
+        raise ValueError("signature does not match this cache_secret")
+
+
+def _update(mac: hmac.HMAC, *parts: bytes | memoryview) -> None:
+    for part in parts:
+        mac.update(len(part).to_bytes(8, "little"))
+        mac.update(part)
 
 
 def stored_bytes_per_token(kv: LayerKV, codec: str) -> float:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
@@ -11,6 +12,7 @@ from kvboost_rag.core.repair import STRATEGIES, RepairSettings
 from kvboost_rag.core.tools import FORMATS
 
 T = TypeVar("T")
+SECRET_ENV = "KVBOOST_CACHE_SECRET"
 
 # "exact": prefix cache only, bit-faithful; "balanced": passage reuse with query-aware
 # repair; "fast": passage reuse without repair. The one list of levels.
@@ -90,6 +92,11 @@ class KVBoostConfig:
     # computed), "int8" or "fp8" (one byte per element, 2x smaller than bf16; measured in
     # docs/bench/remote-*.txt). Exact prefix blocks are never coded. One of core.codec.CODECS.
     kv_codec: str = "none"
+    # Signs every entry written to disk and Redis (HMAC-SHA256) and rejects entries read
+    # without a valid signature: whoever can write the shared folder or server but lacks
+    # the secret cannot plant KV. None reads the KVBOOST_CACHE_SECRET environment variable;
+    # unset, entries are checksummed only (damage is caught, malice is not).
+    cache_secret: str | bytes | None = field(default=None, repr=False)
     # How tool calls look in the model's output: "auto" reads the chat template (Hermes
     # tags when it has no tool support), or one of kvboost_rag.core.tools.FORMATS.
     tool_format: str = "auto"
@@ -125,6 +132,11 @@ class KVBoostConfig:
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def secret(self) -> bytes | None:
+        """The cache secret as bytes: ``cache_secret``, else $KVBOOST_CACHE_SECRET, else None."""
+        value = self.cache_secret or os.environ.get(SECRET_ENV) or None
+        return value.encode() if isinstance(value, str) else value
 
     def repair_settings(self) -> RepairSettings | None:
         """The repair to run for reused passages; None in "exact" fidelity."""

@@ -59,13 +59,19 @@ class DiskStore:
     """Thread-safe within a process; safe across processes sharing ``root``."""
 
     def __init__(
-        self, root: str | Path, fingerprint: bytes, max_bytes: int, kv_codec: str = "none"
+        self,
+        root: str | Path,
+        fingerprint: bytes,
+        max_bytes: int,
+        kv_codec: str = "none",
+        secret: bytes | None = None,
     ) -> None:
         self.dir = Path(root) / fingerprint.hex()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fingerprint = fingerprint.hex()
         self.max_bytes = max_bytes
         self.codec = kv_codec
+        self._secret = secret  # signs every entry written; entries read must carry it
         self._lock = threading.Lock()
         self._hits = self._misses = self._corrupt = 0
         self._writer: Writer[_Write] = Writer("kvboost-disk-writer", self._write)
@@ -141,7 +147,9 @@ class DiskStore:
     ) -> None:
         path = self.path(key)
         path.parent.mkdir(exist_ok=True)
-        data = codec.to_bytes(key, self.fingerprint, tokens, kv, self.codec, approximate)
+        data = codec.to_bytes(
+            key, self.fingerprint, tokens, kv, self.codec, approximate, self._secret
+        )
         size = _atomic_write(path, data)
         with self._lock:
             self._index.used(path, size)
@@ -165,7 +173,7 @@ class DiskStore:
             with safe_open(path, framework="pt") as f:
                 meta = f.metadata() or {}
                 tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
-            return codec.decode(tensors, meta, key, self.fingerprint)
+            return codec.decode(tensors, meta, key, self.fingerprint, self._secret)
         except (SafetensorError, ValueError, json.JSONDecodeError) as error:
             self._discard(path, error)
             return None

@@ -98,6 +98,7 @@ class RemoteStore:
         namespace: str = "kvboost",
         timeout: float = 0.5,
         kv_codec: str = "none",
+        secret: bytes | None = None,
     ) -> None:
         redis = import_redis()
         from redis.backoff import NoBackoff
@@ -106,6 +107,7 @@ class RemoteStore:
         self.url = redact(url)
         self.fingerprint = fingerprint.hex()
         self.codec = kv_codec
+        self._secret = secret  # signs every value written; values read must carry it
         self._errors = redis.exceptions
         # No client-side retries: the back-off decides when to try again.
         self._client = redis.Redis.from_url(
@@ -131,7 +133,7 @@ class RemoteStore:
         if data is None:
             return self._count("misses", None)
         try:
-            entry = codec.from_bytes(data, key, self.fingerprint)
+            entry = codec.from_bytes(data, key, self.fingerprint, self._secret)
         except ValueError as error:
             warnings.warn(
                 f"kvboost-rag: dropping damaged shared cache value {self.name(key).decode()} "
@@ -185,7 +187,9 @@ class RemoteStore:
         if not self._health.available() or self._call(lambda c: c.exists(name), 1):
             self._count("skipped", None)  # unavailable, or another writer was first
             return
-        data = codec.to_bytes(key, self.fingerprint, tokens, kv, self.codec, approximate)
+        data = codec.to_bytes(
+            key, self.fingerprint, tokens, kv, self.codec, approximate, self._secret
+        )
         if len(data) > self._value_limit():
             self._once("too-large", f"a {len(data)}-byte value is over the server's limit")
             self._count("skipped", None)

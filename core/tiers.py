@@ -95,8 +95,11 @@ class TieredStore:
 def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:
     """The tiers ``config`` asks for, keyed by the model's ``fingerprint``."""
     disk = remote = None
+    secret = config.secret()
     if config.cache_dir is not None:
-        disk = DiskStore(config.cache_dir, fingerprint, config.max_disk_bytes, config.kv_codec)
+        disk = DiskStore(
+            config.cache_dir, fingerprint, config.max_disk_bytes, config.kv_codec, secret
+        )
     if config.remote_url is not None:
         remote = RemoteStore(
             config.remote_url,
@@ -104,5 +107,6 @@ def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:
             namespace=config.remote_namespace,
             timeout=config.remote_timeout,
             kv_codec=config.kv_codec,
+            secret=secret,
         )
     return TieredStore(config.max_cache_bytes, disk, remote)
