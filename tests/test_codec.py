@@ -91,3 +91,17 @@ def test_a_checksummed_value_of_another_layout_raises_value_error() -> None:
     meta["checksum"] = codec.checksum(tensors)
     with pytest.raises(ValueError, match="inconsistent"):
         codec.decode(tensors, meta, KEY, "fp")
+
+
+def test_sizes_in_a_header_are_checked_against_the_value_before_allocating() -> None:
+    import json
+
+    huge = json.dumps(
+        {"tokens": {"dtype": "I32", "shape": [10**12], "data_offsets": [0, 4 * 10**12]}}
+    )
+    for blob in (
+        (2**62).to_bytes(8, "little") + b"{}",  # a header length past the value
+        len(huge).to_bytes(8, "little") + huge.encode(),  # a 4 TB tensor in a tiny value
+    ):
+        with pytest.raises(ValueError, match="not a safetensors entry"):
+            codec.from_bytes(blob, KEY, "fp")
