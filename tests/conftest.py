@@ -168,3 +168,11 @@ def redis_server(tmp_path):
     server = RedisServer(tmp_path / "redis").start()
     yield server
     server.stop()
+
+
+# Property tests (tests/test_properties.py): a small sample always, many examples on demand.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("default", max_examples=40, deadline=None)
+settings.register_profile("thorough", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
