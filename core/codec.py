@@ -111,8 +111,9 @@ def decode(
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}")
         dtype = _DTYPES[meta.get("dtype", "")] if codec != "none" else None
-        kv = [_layer(tensors, i, dtype) for i in range(int(meta["layers"]))]
         tokens = tuple(tensors["tokens"].tolist())
+        _check_layout(tensors, meta, codec, len(tokens))
+        kv = [_layer(tensors, i, dtype) for i in range(int(meta["layers"]))]
     except KeyError as error:
         raise ValueError(f"missing field {error}") from error
     except RuntimeError as error:  # tensors that do not fit together (another layout)
@@ -179,6 +180,22 @@ def checksum(tensors: dict[str, torch.Tensor]) -> str:
         h.update(str(t.dtype).encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
+
+
+def _check_layout(
+    tensors: dict[str, torch.Tensor], meta: dict[str, str], codec: str, tokens: int
+) -> None:
+    """The tensors are exactly the entry's layers (the checksum covers tensors, not the
+    metadata beside them), each [batch, heads, positions, head_dim] with one length, at
+    most the token ids' (a passage's ids include the prefix it was encoded after)."""
+    layers = int(meta["layers"])
+    names = [f"k{i}" for i in range(layers)] + [f"v{i}" for i in range(layers)]
+    scales = [f"{n[0]}s{n[1:]}" for n in names] if codec != "none" else []
+    if set(tensors) != {"tokens", *names, *scales}:
+        raise ValueError(f"tensors do not match {layers} layers of codec {codec!r}")
+    lengths = {tensors[n].shape[-2] if tensors[n].dim() == 4 else -1 for n in names}
+    if len(lengths) > 1 or not 0 <= min(lengths, default=0) <= tokens:
+        raise ValueError(f"layer tensors of lengths {sorted(lengths)} for {tokens} token ids")
 
 
 def _quantize(t: torch.Tensor, dim: int, codec: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -105,3 +105,11 @@ def test_sizes_in_a_header_are_checked_against_the_value_before_allocating() -> 
     ):
         with pytest.raises(ValueError, match="not a safetensors entry"):
             codec.from_bytes(blob, KEY, "fp")
+
+
+@pytest.mark.parametrize("layers", ["2", "4", "-1", "x"])
+def test_a_layers_field_that_does_not_match_the_tensors_raises(layers: str) -> None:
+    tensors, meta = codec.encode(KEY, "fp", TOKENS, kv(), "int8", True)
+    meta["layers"] = layers  # metadata beside the checksummed tensors
+    with pytest.raises(ValueError):
+        codec.decode(tensors, meta, KEY, "fp")
