@@ -48,9 +48,11 @@ class PrefixCache:
         block_tokens: int,
         namespace: bytes = b"prefix-root",
         approximate: bool = False,
+        shared: bool = True,
     ) -> None:
         self.store = store
         self.approximate = approximate  # session KV: lower tiers may store it lossily
+        self.shared = shared  # written through to the shared (Redis) tier
         self.block_tokens = block_tokens
         self._root = digest(namespace, fingerprint, str(block_tokens).encode())
         self._blocks: dict[bytes, Block] = {}
@@ -149,7 +151,7 @@ class PrefixCache:
         return None if best is None else (best, shared)
 
     def _put(self, parent: bytes, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> bool:
-        if not self.store.put(key, tokens, kv, approximate=self.approximate):
+        if not self.store.put(key, tokens, kv, approximate=self.approximate, share=self.shared):
             return False  # larger than the whole memory budget: not stored, not indexed
         self._index(parent, key, tokens, kv_nbytes(kv))
         return True

@@ -35,7 +35,12 @@ class SessionCache:
         self, store: TieredStore, fingerprint: bytes, block_tokens: int, setting: str
     ) -> None:
         namespace = b"session:" + setting.encode()
-        self._blocks = PrefixCache(store, fingerprint, block_tokens, namespace, approximate=True)
+        # Local tiers only: a request's session KV spans its whole prompt and answer, and
+        # writing it through would fill the shared tier (and evict warmed passages there)
+        # with KV that only a continuation of this one conversation can use.
+        self._blocks = PrefixCache(
+            store, fingerprint, block_tokens, namespace, approximate=True, shared=False
+        )
         self._answers: OrderedDict[tuple[bytes, tuple[int, ...]], None] = OrderedDict()
         self._by_parent: dict[bytes, set[tuple[int, ...]]] = {}
         self.block_tokens = block_tokens

@@ -1,7 +1,7 @@
 """Memory, then disk, then the shared Redis tier: hits promote upward, memory evictions
-spill to disk, passages are written through to disk, and everything the caches store is
-written through to the shared tier (in the background), so a corpus warmed on one machine
-serves every other."""
+spill to disk, passages are written through to disk, and passages and exact prefix blocks
+are written through to the shared tier (in the background), so a corpus warmed on one
+machine serves every other. Session KV stays local."""
 
 from __future__ import annotations
 
@@ -58,13 +58,15 @@ class TieredStore:
         kv: LayerKV,
         persist: bool = False,
         approximate: bool = False,
+        share: bool = True,
     ) -> bool:
         """Store in memory and (in the background) the shared tier; with ``persist`` also
         on disk now (not only when evicted). ``approximate``: passage or session KV, which
-        the lower tiers may store under a lossy codec."""
+        the lower tiers may store under a lossy codec. ``share=False`` keeps it out of the
+        shared tier."""
         if persist and self.disk is not None and key not in self.disk:
             self.disk.put_later(key, tokens, kv, approximate)
-        if self.remote is not None:
+        if share and self.remote is not None:
             self.remote.put_later(key, tokens, kv, approximate)
         return self.memory.put(key, tokens, kv, approximate)
 

@@ -283,3 +283,17 @@ def test_config_errors_are_specific() -> None:
         KVBoostConfig(kv_codec="int4")
     assert redact("redis://user:secret@host:6379/0") == "redis://user:***@host:6379/0"
     assert redact("rediss://:secret@host/0") == "rediss://:***@host/0"
+
+
+def test_session_kv_stays_local_and_only_passages_and_exact_blocks_are_shared(
+    redis_server: RedisServer,
+) -> None:
+    engine = make_engine(redis_server.url)
+    engine.warm_passages(DOCS)
+    writes = engine.stats().remote.writes  # type: ignore[union-attr]
+    engine.generate(QUESTION, passages=DOCS, max_new_tokens=6)  # reuse route: session KV
+    engine._store.flush()
+    assert engine._session is not None and engine._session._blocks._blocks  # kept locally
+    # The prompt's head before the passages (BOS) has no full block: at most its tail goes.
+    assert engine.stats().remote.writes - writes <= 1  # type: ignore[union-attr]
+    assert len(redis_server.client().keys(b"kvboost:*")) <= len(DOCS) + 1
