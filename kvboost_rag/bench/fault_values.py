@@ -42,8 +42,9 @@ def damaged(lab: Lab, watch: Watch) -> None:
 
 def damaged_field(lab: Lab, watch: Watch) -> None:
     """One bit of the header's "layers" field flipped ("30" -> "20"), in the first passage
-    of prompt 0 and in a later passage of another prompt: the checksum covers the tensors
-    only, so such a value decodes (with fewer layers than the model has)."""
+    of prompt 0 and in a later passage of another prompt: the checksum covers the tensors,
+    not this field, so only checking it against them keeps such a value from being read
+    as 20 layers (before that check: an AssertionError, or silently wrong KV)."""
     names, firsts = _names(lab), {lab.passage_name(q.passages[0]) for q in lab.queries}
     q0 = {lab.passage_name(t) for t in lab.queries[0].passages}
     later = next((n for n in names if n not in firsts and n not in q0), names[-1])
