@@ -188,6 +188,12 @@ class KVBoost(Requests, Warming):
                 tiers.remote,
             )
 
+    def flush(self) -> None:
+        """Wait until queued disk and shared-tier writes are made (requests queue them in
+        the background; ``warm_passages`` / ``warm_corpus`` already wait). Raises
+        ``OSError`` for a disk write that failed; shared-tier failures are warnings."""
+        self._store.flush()
+
     def clear_cache(self) -> None:
         self._store.clear()
 

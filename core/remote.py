@@ -9,32 +9,34 @@ The server evicts by its own policy (``maxmemory`` + ``allkeys-lru``): a vanishe
 miss. Writes go through a background ``Writer``, never the request path; a key already
 present is not sent again, and a value over the server's ``proto-max-bulk-len`` is skipped.
 
-Faults never reach the caller: a server that is down, slow (``timeout`` per command) or
-restarting makes every call a miss for a back-off (0.5 s, doubling to 30 s) announced by
-one warning per outage; an error the server answers (out of memory, read-only replica) is
-warned about once per kind and that write skipped. Requests go on from the local tiers.
+Faults never reach the caller: a server that is down, slow or restarting makes every call
+a miss for a back-off (0.5 s, doubling to 30 s) announced by one warning per outage. A
+read on the request path gets ``timeout`` in all (a value trickling in over a slow link
+is abandoned, not waited for); background writes get it per socket operation. An error
+the server answers (out of memory, read-only replica) is warned about once per kind, and
+writes pause for a back-off of their own. Requests go on from the local tiers.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from kvboost_rag.core import codec
+from kvboost_rag.core.backoff import Backoff
 from kvboost_rag.core.kv import LayerKV
 from kvboost_rag.core.store import Entry
 from kvboost_rag.core.writer import Writer
 
 T = TypeVar("T")
-log = logging.getLogger("kvboost_rag")
 DEFAULT_MAX_VALUE = 512 * 1024**2  # Redis's proto-max-bulk-len default
 _Write = tuple[bytes, tuple[int, ...], LayerKV, bool]
 
@@ -50,41 +52,6 @@ class RemoteStats:
     written_bytes: int
     skipped: int  # writes not sent: already present, too large, or server unavailable
     errors: int  # calls that failed (connection, timeout, or an error the server answered)
-
-
-class Backoff:
-    """When a server fails: skip it for a delay that doubles while it keeps failing; one
-    warning per outage. Thread-safe."""
-
-    def __init__(self, where: str, first: float = 0.5, longest: float = 30.0) -> None:
-        self.where = where
-        self.first, self.longest = first, longest
-        self._delay = first
-        self._retry_at = 0.0
-        self._down = False
-        self._lock = threading.Lock()
-
-    def available(self) -> bool:
-        with self._lock:
-            return time.monotonic() >= self._retry_at
-
-    def failed(self, error: Exception) -> None:
-        with self._lock:
-            if not self._down:
-                warnings.warn(
-                    f"kvboost-rag: the shared KV tier at {self.where} is unavailable ({error}); "
-                    "serving from local tiers, retrying in the background",
-                    stacklevel=5,
-                )
-            self._down = True
-            self._retry_at = time.monotonic() + self._delay
-            self._delay = min(self._delay * 2, self.longest)
-
-    def succeeded(self) -> None:
-        with self._lock:
-            if self._down:
-                log.warning("kvboost-rag: the shared KV tier at %s is back", self.where)
-            self._down, self._delay = False, self.first
 
 
 class RemoteStore:
@@ -114,7 +81,12 @@ class RemoteStore:
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
         )
         self._prefix = f"{namespace}:{self.fingerprint}:".encode()
+        self._timeout = timeout
         self._health = Backoff(self.url)
+        # After the server refuses a write (out of memory, read-only): no writes for a while,
+        # rather than sending every multi-MB value only to have it refused.
+        self._refusals = Backoff(self.url, warn=False)
+        self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvboost-redis-read")
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("hits", "misses", "corrupt", "writes", "written_bytes", "skipped", "errors"), 0
@@ -129,7 +101,7 @@ class RemoteStore:
         return self._prefix + key.hex().encode()
 
     def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
-        data = self._call(lambda c: c.get(self.name(key)), None)
+        data = self._call(lambda c: c.get(self.name(key)), None, bounded=True)
         if data is None:
             return self._count("misses", None)
         try:
@@ -184,8 +156,10 @@ class RemoteStore:
 
     def _send(self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool) -> None:
         name = self.name(key)
-        if not self._health.available() or self._call(lambda c: c.exists(name), 1):
-            self._count("skipped", None)  # unavailable, or another writer was first
+        if not (self._health.available() and self._refusals.available()) or self._call(
+            lambda c: c.exists(name), 1
+        ):
+            self._count("skipped", None)  # unavailable, refusing, or another writer was first
             return
         data = codec.to_bytes(
             key, self.fingerprint, tokens, kv, self.codec, approximate, self._secret
@@ -194,7 +168,8 @@ class RemoteStore:
             self._once("too-large", f"a {len(data)}-byte value is over the server's limit")
             self._count("skipped", None)
             return
-        if self._call(lambda c: c.set(name, data), None):
+        if self._call(lambda c: c.set(name, data), None, refused=self._refusals.failed):
+            self._refusals.succeeded()
             with self._lock:
                 self._counts["writes"] += 1
                 self._counts["written_bytes"] += len(data)
@@ -208,15 +183,25 @@ class RemoteStore:
             self._max_value = int(limit) if limit else DEFAULT_MAX_VALUE
         return self._max_value
 
-    def _call(self, op: Callable[[Any], T], fallback: T) -> T:
-        """``op(client)``, or ``fallback`` while backing off or when it fails."""
+    def _call(
+        self,
+        op: Callable[[Any], T],
+        fallback: T,
+        bounded: bool = False,
+        refused: Callable[[Exception], None] | None = None,
+    ) -> T:
+        """``op(client)``, or ``fallback`` while backing off or when it fails. ``bounded``:
+        the whole call (a value's transfer included) gets ``timeout``, not each socket read.
+        ``refused`` is told of an error the server answered."""
         if not self._health.available():
             return fallback
         try:
-            result = op(self._client)
+            result = self._bounded(op) if bounded else op(self._client)
         except self._errors.ResponseError as error:  # the server answered: it is up
             self._count("errors", None)
             self._once(type(error).__name__, f"{type(error).__name__}: {error}")
+            if refused is not None:
+                refused(error)
             return fallback
         except Exception as error:  # connection, timeout, protocol: do not trust the server
             self._count("errors", None)
@@ -224,6 +209,16 @@ class RemoteStore:
             return fallback
         self._health.succeeded()
         return result
+
+    def _bounded(self, op: Callable[[Any], T]) -> T:
+        """``op(client)`` on a reader thread, waited for at most ``timeout``: a value that
+        trickles in over a slow link is abandoned (its read ends in the background) and
+        counts as a failure, like a server that does not answer."""
+        future = self._reads.submit(op, self._client)
+        try:
+            return future.result(timeout=self._timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"a read took over {self._timeout} s") from None
 
     def _once(self, kind: str, message: str) -> None:
         with self._lock:

@@ -163,11 +163,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture
 def redis_server(tmp_path):
     """A private redis-server on a free port, stopped after the test."""
-    from redis_server import RedisServer
+    from redis_server import RedisProcess, require_binary
 
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
+    require_binary()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    with RedisProcess(folder) as server:
+        yield server
 
 
 # Property tests (tests/test_properties.py): a small sample always, many examples on demand.
