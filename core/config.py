@@ -86,7 +86,8 @@ class KVBoostConfig:
     remote_url: str | None = None
     # Key prefix in the shared tier (keys are "<namespace>:<model fingerprint>:<key>").
     remote_namespace: str = "kvboost"
-    # Seconds one shared-tier command may take before the tier is skipped for a back-off.
+    # Seconds a shared-tier read may take in all (its value's transfer included) before the
+    # tier is skipped for a back-off; background writes get it per socket operation.
     remote_timeout: float = 0.5
     # How passage and session KV is stored on disk and in the shared tier: "none" (as
     # computed), "int8" or "fp8" (one byte per element, 2x smaller than bf16; measured in
