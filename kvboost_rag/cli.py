@@ -15,8 +15,10 @@ BENCHES = {
     "all": "suite",
     "chat": "chat",
     "constrained": "constrained",
+    "faults": "faults",
     "front": "front",
     "rag": "rag",
+    "remote": "remote",
     "warm": "warm",
 }
 
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench agent|chat|constrained|front|rag|warm ...: one workload",
+        "bench agent|chat|constrained|faults|front|rag|remote|warm ...: one workload",
     )
     w = sub.add_parser(
         "warm",
