@@ -1,5 +1,7 @@
-"""The shared Redis tier: what write-through costs warming, a corpus warmed by one process
-and served by another, and the storage codecs (size, cost, speed, accuracy).
+"""The shared Redis tier: write-through while warming, serving another process, codecs.
+
+What write-through costs warming, a corpus warmed by one process and served by another,
+and the storage codecs (size, cost, speed, accuracy).
 
     python -m kvboost_rag.bench.remote [--units 168] [--queries 24] [--codec-queries 12]
         [--codecs none,int8,fp8] [--rounds 2] [--dtype float32] [--threads N]
