@@ -104,7 +104,7 @@ def slow_link(lab: Lab, watch: Watch) -> None:
     try:
         engine = watch.engine(lab, link.url)
         watch.serve(lab, engine, range(TRICKLE_PROMPTS))
-        engine._store.flush()  # its writes go through the link too
+        engine.flush()  # its writes go through the link too
     finally:
         link.close()
     rate = link.chunk / link.delay / 2**20
@@ -137,7 +137,7 @@ def _warm_then_serve(lab: Lab, watch: Watch, policy: str) -> None:
     stored = client.dbsize()
     watch.note(f"maxmemory {limit}mb: {stored} of {len(lab.texts)} values stored after the warm")
     watch.serve(lab, watch.engine(lab, server.url), range(len(lab.queries)))
-    watch.engines[-1]._store.flush()
+    watch.engines[-1].flush()
     stats, memory = client.info("stats"), client.info("memory")
     watch.note(
         f"the server received {stats['total_net_input_bytes'] / 2**20:.0f} MiB in all, "
@@ -164,7 +164,7 @@ def _mean_mib(lab: Lab) -> float:
 
 def _writes(engine: KVBoost) -> tuple[int, int]:
     """Shared-tier writes and errors so far, once queued writes are sent."""
-    engine._store.flush()
+    engine.flush()
     stats = engine.stats().remote
     assert stats is not None
     return stats.writes, stats.errors

@@ -100,7 +100,7 @@ def _serve_damaged(
         client.set(name, kinds[kind](name, lab.golden[name]))
     engine = watch.engine(lab, server.url)
     watch.serve(lab, engine, range(len(lab.queries)))
-    engine._store.flush()
+    engine.flush()
     valid = sum(_decodes(lab, name, client.get(name)) for name in victims.values())
     used = "; ".join(f"{kind}: {_uses(lab, name)}" for kind, name in victims.items())
     watch.note(f"damaged {len(victims)} values, used by prompt#passage {used}")

@@ -140,7 +140,7 @@ def _settle(watch: Watch) -> None:
     for server in watch.servers:
         server.resume()
     for engine in watch.engines:
-        watch.attempt("flush", engine._store.flush)
+        watch.attempt("flush", engine.flush)
 
 
 def close(watch: Watch) -> None:

@@ -51,8 +51,8 @@ from kvboost_rag.bench.metrics import median
 from kvboost_rag.bench.remote_report import Transcript, note, print_report
 from kvboost_rag.bench.remote_serve import corpus_units, serve, serve_in_process, source
 from kvboost_rag.bench.remote_server import (
-    LocalRedis,
     drop,
+    local_redis,
     server_version,
     used_memory,
 )
@@ -168,7 +168,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     start, load = time.perf_counter(), os.getloadavg()
     config = KVBoostConfig(fidelity=args.fidelity)
     base = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
-    server = None if args.remote_url else LocalRedis().start()
+    server = None if args.remote_url else local_redis()
     url = args.remote_url or server.url  # type: ignore[union-attr]
     try:
         result = {
@@ -182,7 +182,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         }
     finally:
         if server is not None:
-            server.stop()
+            server.kill()
     result["load_average"] = {"start": load, "end": os.getloadavg()}
     result["seconds"] = time.perf_counter() - start
     return result

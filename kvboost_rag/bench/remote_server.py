@@ -5,61 +5,23 @@ benchmark makes (memory used, dropping a namespace), and waiting out an engine's
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
+from pathlib import Path
 from typing import Any
 
+from kvboost_rag.bench.fault_server import RedisProcess
 from kvboost_rag.core.remote import import_redis
 
 
-class LocalRedis:
-    """A private server, stopped by ``stop()`` (or as a context manager)."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError(
-                "redis-server is not installed (scripts/setup.sh installs it): install it, "
-                "or pass --remote-url of a running server"
-            )
-        self.binary = binary
-        self.folder = tempfile.mkdtemp(prefix="kvboost-redis-")
-        self.port = _free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> LocalRedis:
-        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        cmd += ["--dir", self.folder, "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        errors = (OSError, import_redis().exceptions.RedisError)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if client(self.url).ping():
-                    return self
-            except errors:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within 10 s")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> LocalRedis:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def local_redis() -> RedisProcess:
+    """A private server in a temp folder, started (the fault benchmark's ``RedisProcess``;
+    ``kill()`` stops it)."""
+    if shutil.which("redis-server") is None:
+        raise RuntimeError(
+            "redis-server is not installed (scripts/setup.sh installs it): install it, "
+            "or pass --remote-url of a running server"
+        )
+    return RedisProcess(Path(tempfile.mkdtemp(prefix="kvboost-redis-"))).start()
 
 
 def client(url: str) -> Any:
@@ -85,15 +47,9 @@ def settle(engine: Any) -> Any:
     """``engine`` once its queued disk and Redis writes are made. Timed requests start
     settled, so a TTFT measures the tier it reads from, not the previous request's
     write-through still running beside it (reported apart, as bytes written)."""
-    engine._store.flush()
+    engine.flush()
     return engine
 
 
 def server_version(url: str) -> str:
     return str(client(url).info("server")["redis_version"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
