@@ -13,7 +13,7 @@ from conftest import make_model, make_tokenizer
 from redis_server import RedisProcess, Trickle, free_port
 from warm_worker import corpus
 
-from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag import GenerationResult, KVBoost, KVBoostConfig
 from kvboost_rag.core import codec
 from kvboost_rag.core.keys import digest
 from kvboost_rag.core.remote import RemoteStore, redact
@@ -174,6 +174,14 @@ def test_killed_then_restarted_server_is_used_again_after_the_backoff(
     assert engine.stats().remote.available  # type: ignore[union-attr]
 
 
+def timed_answer(engine: KVBoost, warning: str) -> tuple[GenerationResult, float]:
+    """The answer, and its wall time in seconds, with the tier's ``warning`` expected."""
+    with pytest.warns(UserWarning, match=warning):
+        start = time.perf_counter()
+        result = engine.generate(QUESTION, passages=DOCS, max_new_tokens=6)
+        return result, time.perf_counter() - start
+
+
 def test_a_stuck_server_costs_at_most_the_timeout(
     redis_server: RedisProcess, cold: list[int]
 ) -> None:
@@ -181,10 +189,7 @@ def test_a_stuck_server_costs_at_most_the_timeout(
     engine = make_engine(redis_server.url, remote_timeout=0.2)
     redis_server.pause()
     try:
-        with pytest.warns(UserWarning, match="unavailable"):
-            start = time.perf_counter()
-            result = engine.generate(QUESTION, passages=DOCS, max_new_tokens=6)
-            elapsed = time.perf_counter() - start
+        result, elapsed = timed_answer(engine, "unavailable")
     finally:
         redis_server.resume()
     assert result.token_ids == cold and result.passages_missed == len(DOCS)
@@ -199,10 +204,7 @@ def test_a_value_trickling_in_over_a_slow_link_costs_at_most_the_timeout(
     link = Trickle(redis_server.port, chunk=512, delay=0.05)  # ~10 KiB/s: every read is quick
     try:
         engine = make_engine(link.url, remote_timeout=0.3)
-        with pytest.warns(UserWarning, match="a read took over 0.3 s"):
-            start = time.perf_counter()
-            result = engine.generate(QUESTION, passages=DOCS, max_new_tokens=6)
-            elapsed = time.perf_counter() - start
+        result, elapsed = timed_answer(engine, "a read took over 0.3 s")
     finally:
         link.close()
     # Located in Redis (EXISTS answers are small), then not read: encoded here instead.
@@ -224,9 +226,7 @@ def test_flushed_keys_are_misses(redis_server: RedisProcess, cold: list[int]) ->
 
 
 def test_out_of_memory_refusals_warn_once(tmp_path: Path, expected) -> None:
-    server = RedisProcess(tmp_path, "--maxmemory", "1mb", "--maxmemory-policy", "noeviction")
-    server.start()
-    try:
+    with RedisProcess(tmp_path, "--maxmemory", "1mb", "--maxmemory-policy", "noeviction") as server:
         engine = make_engine(server.url)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -238,14 +238,12 @@ def test_out_of_memory_refusals_warn_once(tmp_path: Path, expected) -> None:
         assert stats is not None
         # After a refusal writes pause for a back-off: most values are never sent.
         assert stats.errors < 10 and stats.skipped > 40
-    finally:
-        server.kill()
 
 
 def test_keys_the_server_evicts_are_misses_and_nothing_else(tmp_path: Path) -> None:
-    server = RedisProcess(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
-    server.start()
-    try:
+    with RedisProcess(
+        tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"
+    ) as server:
         docs = corpus(60)
         writer = make_engine(server.url)
         writer.warm_passages(docs)
@@ -260,13 +258,10 @@ def test_keys_the_server_evicts_are_misses_and_nothing_else(tmp_path: Path) -> N
         found = sum(r.passages_hit for r in hits)
         assert 0 < found < len(docs) and sum(r.passages_missed for r in hits) == 60 - found
         assert same_kv(writer, reader) >= found  # every value read was writer's, bit for bit
-    finally:
-        server.kill()
 
 
 def test_values_over_the_servers_limit_are_skipped(tmp_path: Path) -> None:
-    server = RedisProcess(tmp_path, "--proto-max-bulk-len", "1mb").start()
-    try:
+    with RedisProcess(tmp_path, "--proto-max-bulk-len", "1mb") as server:
         store = RemoteStore(server.url, b"model")
         big = [(torch.zeros(1, 4, 8192, 16), torch.zeros(1, 4, 8192, 16))]  # 4 MiB
         with pytest.warns(UserWarning, match="over the server's limit"):
@@ -275,8 +270,6 @@ def test_values_over_the_servers_limit_are_skipped(tmp_path: Path) -> None:
         store.put_later(digest(b"small"), (1,), [(t[:, :, :8], t[:, :, :8]) for t, _ in big])
         store.flush()
         assert store.stats().writes == 1 and store.stats().skipped == 1
-    finally:
-        server.kill()
 
 
 def test_two_processes_warming_one_server_leave_every_entry_valid(
