@@ -14,13 +14,18 @@ class EmptyPromptError(KVBoostError, ValueError):
 class ContextWindowError(KVBoostError, ValueError):
     """The prompt does not fit the model's context window."""
 
-    def __init__(self, prompt_tokens: int, context_window: int, what: str = "prompt") -> None:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        context_window: int,
+        what: str = "prompt",
+        fix: str = "shorten it or retrieve fewer passages",
+    ) -> None:
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window
         super().__init__(
             f"{what} is {prompt_tokens} tokens but the model's context window is "
-            f"{context_window} tokens (at least one token must be left to generate); "
-            "shorten it or retrieve fewer passages"
+            f"{context_window} tokens (at least one token must be left to generate); {fix}"
         )
 
 

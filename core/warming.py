@@ -58,6 +58,7 @@ class Warming:
         prefix: str | Sequence[Message] | None = None,
         batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
+        names: Sequence[str] | None = None,
     ) -> WarmResult:
         """Encode and cache passages so later prompts that contain them reuse their KV
         (written through to ``cache_dir`` when set).
@@ -69,16 +70,15 @@ class Warming:
         BOS only, which any prompt can use through ``prefix_fallback="nearest"`` at lower
         accuracy (``GenerationResult.passages_foreign`` counts such uses).
         ``batch_size`` caps the passages per forward pass (default: by padded tokens).
-        ``progress`` is called with the number of pieces done as batches finish. Returns
-        once the KV is on disk too.
+        ``progress`` is called with the number of pieces done as batches finish. ``names``:
+        what errors call each text (default ``texts[i]``). Returns once the KV is on disk
+        too. Raises ``ContextWindowError`` naming the first text with a piece that does not
+        fit the context window after the prefix.
         """
         reuse = self._passage_reuse_on()
         start = time.perf_counter()
-        pieces = self._prompts.passages(texts)
         conditioning = self._conditioning(reuse, prefix)
-        longest = len(conditioning.tokens) + max(map(len, pieces), default=0)
-        if longest >= self._prompts.context_window:
-            raise ContextWindowError(longest, self._prompts.context_window, "prefix + passage")
+        pieces = self._fitting_pieces(texts, names, len(conditioning.tokens))
         with self._lock, torch.inference_mode():
             found = reuse.cache.fetch(
                 conditioning, pieces, batch_size=batch_size, progress=progress
@@ -94,6 +94,37 @@ class Warming:
             sum(kv_nbytes(kv) for kv in found.kv),
             time.perf_counter() - start,
         )
+
+    def _fitting_pieces(
+        self, texts: Sequence[str] | str, names: Sequence[str] | None, prefix_tokens: int
+    ) -> list[list[int]]:
+        """Every text's pieces, each text tokenized alone so that one that cannot be
+        encoded after ``prefix_tokens`` tokens is named."""
+        if isinstance(texts, str):  # a prompt: its marked passages
+            groups: list[Sequence[str] | str] = [texts]
+            names = names or ["a passage of the prompt"]
+        else:
+            groups = [[text] for text in texts]
+            names = names or [f"texts[{i}]" for i in range(len(texts))]
+        assert len(names) == len(groups), "one name per text"
+        pieces: list[list[int]] = []
+        for group, name in zip(groups, names):
+            try:
+                own = self._prompts.passages(group)
+                longest = max(map(len, own), default=0)
+            except ContextWindowError as error:  # a piece too long even without the prefix
+                own, longest = [], error.prompt_tokens
+            if prefix_tokens + longest >= self._prompts.context_window:
+                raise ContextWindowError(
+                    prefix_tokens + longest,
+                    self._prompts.context_window,
+                    f"{name}: its longest piece ({longest} tokens) after the "
+                    f"{prefix_tokens}-token prefix",
+                    "split it into shorter sentences or paragraphs (a long document is split "
+                    "only between sentences), or warm it after a shorter prefix",
+                )
+            pieces += own
+        return pieces
 
     def passage_prefix(self, prefix: str | Sequence[Message] | None) -> list[int]:
         """The tokens passages are encoded after for prompts laid out like ``prefix``.

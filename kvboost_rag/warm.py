@@ -7,7 +7,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from kvboost_rag.core.chunker import passage
+from kvboost_rag.core.chunker import MarkerError, passage
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.result import WarmResult
 
@@ -49,15 +49,22 @@ def warm_corpus(
       warmed, and prompts starting with it reuse it through ``prefix_fallback="nearest"``.
 
     With ``cache_dir`` set the KV is written through to disk. Raises ``TypeError`` for an
-    unknown target, document or prefix.
+    unknown target, document or prefix, ``ValueError`` for a document that cannot be a
+    passage (empty, only whitespace, not valid Unicode, holding a passage marker) and
+    ``ContextWindowError`` for one with a sentence too long to encode after the prefix:
+    each names the document (index, id, source, start of its text) and the fix.
     """
     engine = KVBoost.of(target)
+    documents = list(documents)
     texts = [document_text(doc, i) for i, doc in enumerate(documents)]
+    names = [document_label(doc, i, text) for i, (doc, text) in enumerate(zip(documents, texts))]
     engine_prefix = resolve_prefix(prefix, target)
     # One call over the whole corpus, so encoding batches group similar lengths globally.
-    with tqdm(unit="passage", disable=not progress, desc="encoding") as bar:
+    if not progress:  # no bar at all: even a disabled tqdm starts its monitor thread
+        return engine.warm_passages(texts, prefix=engine_prefix, batch_size=batch_size, names=names)
+    with tqdm(unit="passage", desc="encoding") as bar:
         return engine.warm_passages(
-            texts, prefix=engine_prefix, batch_size=batch_size, progress=bar.update
+            texts, prefix=engine_prefix, batch_size=batch_size, progress=bar.update, names=names
         )
 
 
@@ -110,7 +117,10 @@ def _framework(value: Any) -> str | None:
 
 
 def document_text(doc: Any, index: int) -> str:
-    """The text of one document: a str, a LangChain Document or a LlamaIndex node."""
+    """The text of one document: a str, a LangChain Document or a LlamaIndex node.
+
+    Raises ``TypeError`` or ``ValueError`` naming the document (``document_label``), why it
+    cannot be a passage and what to pass instead."""
     if isinstance(doc, str):
         text = doc
     elif isinstance(getattr(doc, "page_content", None), str):
@@ -118,13 +128,72 @@ def document_text(doc: Any, index: int) -> str:
     elif callable(getattr(doc, "get_content", None)):
         text = doc.get_content()
     else:
+        fix = "decode it to a str first" if isinstance(doc, (bytes, bytearray)) else _FIX_TYPE
+        raise TypeError(f"{document_label(doc, index)} is a {type(doc).__name__}: {fix}")
+    if not isinstance(text, str):
         raise TypeError(
-            f"documents[{index}] is a {type(doc).__name__}: pass strings, LangChain "
-            "Documents or LlamaIndex nodes"
+            f"{document_label(doc, index)}: its content is a {type(text).__name__}, "
+            "not text: pass documents whose content is a str"
         )
-    if not text:
-        raise ValueError(f"documents[{index}] is empty")
+    problem = _text_problem(text)
+    if problem is not None:
+        raise ValueError(f"{document_label(doc, index, text)} {problem}")
     return text
 
 
-__all__: Sequence[str] = ["chat_prefix", "document_text", "resolve_prefix", "warm_corpus"]
+_FIX_TYPE = "pass strings, LangChain Documents or LlamaIndex nodes"
+_PREVIEW_CHARS = 40
+
+
+def document_label(doc: Any, index: int, text: str | None = None) -> str:
+    """How an error names a document: ``documents[i]``, then its id and source (LangChain
+    ``id`` / ``metadata["source"]``, LlamaIndex ``id_`` / ``metadata["file_path"]`` or
+    ``["file_name"]``) when it has them, then the start of its text (or of its repr)."""
+    parts = [f"id {ident!r}" for ident in [_identity(doc)] if ident]
+    metadata = getattr(doc, "metadata", None)
+    if isinstance(metadata, dict):
+        key = next((k for k in ("source", "file_path", "file_name") if metadata.get(k)), None)
+        parts += [f"{key} {metadata[key]!r}"] if key else []
+    shown = text if text is not None else doc if isinstance(doc, str) else None
+    if shown is None:  # not text: the start of its repr
+        parts.append(_cut(repr(doc)))
+    elif shown.strip():
+        parts.append(repr(_cut(shown)))
+    return f"documents[{index}]" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _cut(text: str) -> str:
+    return text[:_PREVIEW_CHARS] + ("..." if len(text) > _PREVIEW_CHARS else "")
+
+
+def _identity(doc: Any) -> str | None:
+    ident = getattr(doc, "id", None) or getattr(doc, "id_", None)
+    return ident if isinstance(ident, str) else None
+
+
+def _text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be warmed as a passage, with the fix; None when it can."""
+    if not text.strip():
+        what = "empty" if not text else "only whitespace"
+        return f"is {what}: leave it out"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (
+            f"is not valid Unicode: character {error.start} is a lone surrogate "
+            f"{text[error.start]!r} (bytes that were not UTF-8, decoded with "
+            "surrogateescape); read the file with its real encoding or errors='replace'"
+        )
+    try:
+        passage(text)
+    except MarkerError as error:
+        return f"cannot be a passage: {error}"
+    return None
+
+
+__all__: Sequence[str] = [
+    "chat_prefix",
+    "document_text",
+    "resolve_prefix",
+    "warm_corpus",
+]

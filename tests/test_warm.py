@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import pytest
 from conftest import make_model
 
-from kvboost_rag import ContextWindowError, KVBoost, KVBoostConfig, format_passages, warm_corpus
+from kvboost_rag import (
+    ContextWindowError,
+    KVBoost,
+    KVBoostConfig,
+    format_passages,
+    passage,
+    warm_corpus,
+)
 from kvboost_rag.warm import chat_prefix
 
 
@@ -60,12 +67,93 @@ def test_long_documents_split_like_prompts(tokenizer) -> None:
 def test_bad_targets_and_documents(engine: KVBoost) -> None:
     with pytest.raises(TypeError, match="expected a KVBoost engine"):
         warm_corpus(object(), DOCS)
-    with pytest.raises(TypeError, match=r"documents\[1\] is a int"):
+    with pytest.raises(TypeError, match=r"documents\[1\] \(3\) is a int: pass strings"):
         warm_corpus(engine, ["ok", 3])
-    with pytest.raises(ValueError, match=r"documents\[0\] is empty"):
+    with pytest.raises(ValueError, match=r"documents\[0\] is empty: leave it out"):
         warm_corpus(engine, [""])
-    with pytest.raises(ContextWindowError, match="a passage is .* tokens"):
+    with pytest.raises(ContextWindowError, match=r"documents\[0\] \('xxx.*is 601 tokens"):
         warm_corpus(engine, ["x" * 600], progress=False)
+
+
+@dataclass
+class SourcedDocument:  # LangChain's Document: an id and metadata["source"]
+    page_content: object
+    metadata: dict
+    id: str | None = None
+
+
+# Each document the corpus cannot hold: the error names it (index, id, source, the start
+# of its text) and says why and what to do, before anything is encoded.
+REJECTED = [
+    (3, TypeError, r"documents\[2\] \(3\) is a int: pass strings, LangChain"),
+    (b"raw", TypeError, r"documents\[2\] \(b'raw'\) is a bytes: decode it to a str first"),
+    (" \n\t", ValueError, r"documents\[2\] is only whitespace: leave it out"),
+    (
+        "bad \udcff byte",
+        ValueError,
+        r"\('bad \\udcff byte'\) is not valid Unicode: charac"
+        r"ter 4 is a lone surrogate .* read the file with its real encoding",
+    ),
+    (passage("nested"), ValueError, r"cannot be a passage: .* contains a passage marker"),
+    (
+        SourcedDocument("", {"source": "notes/a.txt"}, id="doc-7"),
+        ValueError,
+        r"documents\[2\] \(id 'doc-7', source 'notes/a.txt'\) is empty: leave it out",
+    ),
+    (
+        SourcedDocument(None, {"source": "b.pdf"}),  # page_content not text: no content
+        TypeError,
+        r"documents\[2\] \(source 'b.pdf', SourcedDocument\(page_content=None.*\) is a",
+    ),
+    (
+        "Short. " + "y" * 600,
+        ContextWindowError,
+        r"documents\[2\] \('Short. yyy.*\.\.\.'\): its longest piece \(600 tokens\) after "
+        r"the 1-token prefix is 601 tokens .* split it into shorter sentences",
+    ),
+]
+
+
+@pytest.mark.parametrize("document, error, message", REJECTED)
+def test_a_rejected_document_is_named_with_the_reason(
+    engine: KVBoost, document: object, error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        warm_corpus(engine, [DOCS[0], DOCS[1], document], progress=False)
+    assert engine.stats().cache.entries == 0  # rejected before anything was encoded
+
+
+def test_a_llamaindex_file_is_named_by_its_file_name(engine: KVBoost) -> None:
+    node = LlamaIndexLikeNode("z" * 700)
+    node.metadata = {"file_name": "big.txt"}  # type: ignore[attr-defined]
+    node.id_ = "node-1"  # type: ignore[attr-defined]
+    with pytest.raises(ContextWindowError, match=r"\(id 'node-1', file_name 'big.txt', 'zzz"):
+        warm_corpus(engine, [node], progress=False)
+
+
+def test_too_long_after_the_prefix_names_the_document(engine: KVBoost) -> None:
+    prefix = "Answer from these.\n" * 20  # 380 tokens: DOCS[0] fits alone, not after it
+    long = "Fact. " + "w" * 200
+    warm_corpus(engine, [long], progress=False)
+    with pytest.raises(ContextWindowError, match=r"documents\[1\] \('Fact. www.*after the"):
+        warm_corpus(engine, [DOCS[0], long], prefix=prefix, progress=False)
+
+
+def test_warm_passages_names_a_text_by_its_index(engine: KVBoost) -> None:
+    with pytest.raises(ContextWindowError, match=r"texts\[1\]: its longest piece \(600 tokens"):
+        engine.warm_passages(["fine", "x" * 600])
+
+
+def test_a_quiet_warm_starts_no_thread(engine: KVBoost) -> None:
+    code = (
+        "import sys, threading; sys.path.insert(0, 'tests'); from conftest import make_model, "
+        "make_tokenizer; from kvboost_rag import KVBoost, warm_corpus; "
+        "e = KVBoost(make_model('llama'), make_tokenizer()); "
+        "warm_corpus(e, ['Some text.'], progress=False); "
+        "assert threading.active_count() == 1, threading.enumerate()"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # -- the prefix passages are encoded after ---------------------------------------------
