@@ -1,7 +1,12 @@
 """Property-based input tests (hypothesis): for any text, the marker parser, the chunker
 and the prompt encoder either raise a specific error naming the problem, or produce
 segments / token spans that cover exactly the marked text, with no marker in the model
-input. Examples per property: 40 always; HYPOTHESIS_PROFILE=thorough runs 2,000."""
+input. Examples per property: 40 always; 2,000 in the ``slow`` run (``pytest -m slow``),
+which runs this file again under HYPOTHESIS_PROFILE=thorough."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import assume, given
@@ -91,3 +96,14 @@ def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, que
     own = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in cores]
     # a passage's tokens are its text tokenized alone, in any prompt: the cache key
     assert [prompt.tokens[s:e] for s, e in prompt.passages] == [ids for ids in own if ids]
+
+
+@pytest.mark.slow
+def test_every_property_holds_over_2000_examples() -> None:
+    # Hypothesis fixes a test's example count when the module is imported, so the thorough
+    # run is this file in a process of its own, under the "thorough" profile (conftest.py).
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "thorough"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " 5 passed" in done.stdout, done.stdout[-2000:]
