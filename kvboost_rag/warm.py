@@ -137,7 +137,8 @@ def document_text(doc: Any, index: int) -> str:
         )
     problem = _text_problem(text)
     if problem is not None:
-        raise ValueError(f"{document_label(doc, index, text)} {problem}")
+        error, why = problem
+        raise error(f"{document_label(doc, index, text)} {why}")
     return text
 
 
@@ -171,15 +172,16 @@ def _identity(doc: Any) -> str | None:
     return ident if isinstance(ident, str) else None
 
 
-def _text_problem(text: str) -> str | None:
-    """Why ``text`` cannot be warmed as a passage, with the fix; None when it can."""
+def _text_problem(text: str) -> tuple[type[ValueError], str] | None:
+    """Why ``text`` cannot be a passage, with the fix, and the error to raise; None when it
+    can."""
     if not text.strip():
         what = "empty" if not text else "only whitespace"
-        return f"is {what}: leave it out"
+        return ValueError, f"is {what}: leave it out"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        return (
+        return ValueError, (
             f"is not valid Unicode: character {error.start} is a lone surrogate "
             f"{text[error.start]!r} (bytes that were not UTF-8, decoded with "
             "surrogateescape); read the file with its real encoding or errors='replace'"
@@ -187,7 +189,7 @@ def _text_problem(text: str) -> str | None:
     try:
         passage(text)
     except MarkerError as error:
-        return f"cannot be a passage: {error}"
+        return MarkerError, f"cannot be a passage: {error}"
     return None
 
 

@@ -11,6 +11,7 @@ from kvboost_rag import (
     ContextWindowError,
     KVBoost,
     KVBoostConfig,
+    MarkerError,
     format_passages,
     passage,
     warm_corpus,
@@ -94,7 +95,7 @@ REJECTED = [
         r"\('bad \\udcff byte'\) is not valid Unicode: charac"
         r"ter 4 is a lone surrogate .* read the file with its real encoding",
     ),
-    (passage("nested"), ValueError, r"cannot be a passage: .* contains a passage marker"),
+    (passage("nested"), MarkerError, r"cannot be a passage: .* contains a passage marker"),
     (
         SourcedDocument("", {"source": "notes/a.txt"}, id="doc-7"),
         ValueError,
