@@ -23,11 +23,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 
 import torch
 import xxhash
-from safetensors import SafetensorError
-from safetensors.torch import load, save
+from safetensors.torch import save
 
 from kvboost_rag.core.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.store import Entry
@@ -36,6 +36,15 @@ FORMAT = "kvboost-kv-2"  # files without a "codec" field (0.1) read as codec "no
 CODECS: tuple[str, ...] = ("none", "int8", "fp8")
 _QUANT = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.bfloat16, torch.float16)}
+# The safetensors names of the dtypes entries hold (token ids, KV, codes, scales).
+_FILE_DTYPES = {
+    "I32": torch.int32,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I8": torch.int8,
+    "F8_E4M3": torch.float8_e4m3fn,
+}
 _TINY_SCALE = torch.finfo(torch.float16).tiny  # scales are stored as float16
 _SIGNED = ("format", "fingerprint", "key", "layers", "codec", "dtype", "approximate")
 
@@ -124,14 +133,46 @@ def decode(
 def from_bytes(data: bytes, key: bytes, fingerprint: str, secret: bytes | None = None) -> Entry:
     """Parse and check an entry held as bytes; ``ValueError`` when it is not a whole,
     valid entry of this key and model (truncated values included)."""
-    try:
-        size = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + size])
-        meta = header.get("__metadata__") or {}
-        tensors = load(data)
-    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError) as error:
-        raise ValueError(f"not a safetensors entry: {error}") from error
+    return from_buffer(bytearray(data), key, fingerprint, secret)
+
+
+def from_buffer(
+    buffer: bytearray, key: bytes, fingerprint: str, secret: bytes | None = None
+) -> Entry:
+    """``from_bytes`` without a copy: the entry's tensors are views of ``buffer``."""
+    tensors, meta = _parse(buffer)
     return decode(tensors, meta, key, fingerprint, secret)
+
+
+def _parse(buffer: bytearray) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors (views of ``buffer``) and metadata of a safetensors blob. Every size the
+    header claims is checked against the buffer before a tensor is made."""
+    try:
+        size = int.from_bytes(buffer[:8], "little")
+        if len(buffer) < 8 or 8 + size > len(buffer):
+            raise ValueError(f"a {size}-byte header in a {len(buffer)}-byte value")
+        header = json.loads(buffer[8 : 8 + size])
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not a mapping")
+        tensors = {name: _view(buffer, 8 + size, info) for name, info in header.items()}
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as error:
+        raise ValueError(f"not a safetensors entry: {error}") from error
+    return tensors, meta
+
+
+def _view(buffer: bytearray, start: int, info: dict) -> torch.Tensor:
+    dtype = _FILE_DTYPES[info["dtype"]]
+    shape = [int(n) for n in info["shape"]]
+    begin, end = (int(n) for n in info["data_offsets"])
+    count = math.prod(shape)
+    if min(shape, default=0) < 0 or not 0 <= begin <= end == begin + count * dtype.itemsize:
+        raise ValueError(f"{info['dtype']}{shape} does not fit bytes {begin}..{end}")
+    if start + end > len(buffer):
+        raise ValueError(f"bytes {begin}..{end} run past the end of the value")
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype, count=count, offset=start + begin).view(shape)
 
 
 def signature(secret: bytes, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:

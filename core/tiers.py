@@ -90,8 +90,8 @@ class TieredStore:
 
     def _spill(self, key: bytes, entry: Entry) -> None:
         assert self.disk is not None
-        if key not in self.disk:
-            self.disk.put(key, entry.tokens, entry.kv, entry.approximate)
+        if key not in self.disk:  # a failed write must not fail the request evicting it
+            self.disk.put_or_report(key, entry.tokens, entry.kv, entry.approximate)
 
 
 def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:
