@@ -163,7 +163,8 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        subprocess.run(["umount", str(folder)], check=True)
+        # Lazily: a failed test's engine may still hold a file open there.
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
 
 
 def test_a_real_full_disk(small_tmpfs: Path, reference) -> None:
