@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jinja2 import TemplateError
+
 from kvboost_rag.core.chunker import (
+    Segment,
     TokenizedPrompt,
     format_passages,
     parse_segments,
     tokenize_segments,
 )
-from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError
+from kvboost_rag.core.errors import ContextWindowError, EmptyPromptError, KVBoostError
 from kvboost_rag.core.tool_prompt import render_chat
 from kvboost_rag.core.tools import Tool, ToolFormat, format_for
 
 # {"role", "content"}; assistant messages may carry "tool_calls", tool results
 # "tool_call_id" / "name" (see core/tool_prompt.py).
 Message = dict[str, Any]
+
+
+class ChatTemplateError(KVBoostError, ValueError):
+    """The tokenizer's chat template refused the messages (a role it does not know, turns
+    that do not alternate, ...): its own words, raised from inside transformers' jinja."""
 
 
 class PromptEncoder:
@@ -31,16 +39,17 @@ class PromptEncoder:
         """A completion prompt; ``passages`` are placed before it, each marked as a passage."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        if not prompt and not passages:
+        texts = _passage_list(passages)
+        if not prompt and not texts:
             raise EmptyPromptError("prompt is empty: pass the text to complete")
-        return self._checked(format_passages(passages or []) + prompt, self.special_prefix)
+        return self._checked(format_passages(texts) + prompt, self.special_prefix)
 
     def passages(self, texts: Sequence[str] | str) -> list[list[int]]:
         """Token ids of each passage (piece) to warm: each text of a list is one passage
         (layout around it does not matter), a string is a prompt whose marked passages
         are taken."""
-        marked = texts if isinstance(texts, str) else format_passages(texts)
-        segments = [s for s in parse_segments(marked) if s.kind == "passage"]
+        marked = texts if isinstance(texts, str) else format_passages(_passage_list(texts))
+        segments = [s for s in _parse(marked) if s.kind == "passage"]
         prompt = tokenize_segments(segments, self.tokenizer, [], self.max_passage_tokens)
         pieces = [prompt.tokens[s:e] for s, e in prompt.passages]
         for piece in pieces:
@@ -53,7 +62,7 @@ class PromptEncoder:
         when it marks no passage) or chat messages that mark where passages go."""
         if isinstance(spec, str):
             prompt = tokenize_segments(
-                parse_segments(spec), self.tokenizer, self.special_prefix, self.max_passage_tokens
+                _parse(spec), self.tokenizer, self.special_prefix, self.max_passage_tokens
             )
         elif isinstance(spec, (list, tuple)):
             prompt = self.chat(spec)
@@ -72,14 +81,21 @@ class PromptEncoder:
         fmt: ToolFormat | None = None,
     ) -> TokenizedPrompt:
         """Messages (and tools) through the tokenizer's chat template (markers survive it)."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, (Sequence, type(None))):
+            raise TypeError(
+                f"messages must be a list of {{'role', 'content'}} dicts, got "
+                f"{type(messages).__name__}"
+            )
         if not messages:
             raise EmptyPromptError("messages is empty: pass at least one {'role', 'content'} dict")
         for i, message in enumerate(messages):
-            if not isinstance(message, dict) or "role" not in message:
-                raise ValueError(f"messages[{i}] must be a dict with 'role', got {message!r}")
-            if "content" not in message and not message.get("tool_calls"):
-                raise ValueError(f"messages[{i}] has neither 'content' nor 'tool_calls'")
-        text = render_chat(self.tokenizer, messages, tools, fmt or self.tool_format())
+            _check_message(message, i)
+        try:
+            text = render_chat(self.tokenizer, messages, tools, fmt or self.tool_format())
+        except TemplateError as error:
+            raise ChatTemplateError(
+                f"the tokenizer's chat template refused these messages: {error}"
+            ) from error
         # The template already holds the special tokens; adding them again would double BOS.
         return self._checked(text, [])
 
@@ -88,13 +104,60 @@ class PromptEncoder:
         return format_for(getattr(self.tokenizer, "chat_template", None), override)
 
     def _checked(self, text: str, prefix: list[int]) -> TokenizedPrompt:
-        segments = parse_segments(text)
+        segments = _parse(text)
         prompt = tokenize_segments(segments, self.tokenizer, prefix, self.max_passage_tokens)
         if not prompt.tokens:
             raise EmptyPromptError("prompt has no tokens after tokenization")
         if len(prompt.tokens) >= self.context_window:
             raise ContextWindowError(len(prompt.tokens), self.context_window)
         return prompt
+
+
+def _passage_list(passages: Sequence[str] | None) -> list[str]:
+    """``passages`` as a list of strings (an empty one is layout, no passage); a lone
+    string would otherwise be read as one passage per character."""
+    if passages is None:
+        return []
+    if isinstance(passages, (str, bytes)) or not isinstance(passages, Sequence):
+        raise TypeError(f"passages must be a list of str, got {type(passages).__name__}")
+    for i, text in enumerate(passages):
+        if not isinstance(text, str):
+            raise TypeError(f"passages[{i}] is a {type(text).__name__}: pass strings")
+    return list(passages)
+
+
+def _check_message(message: Any, i: int) -> None:
+    """A chat message the template can render as the model is meant to read it."""
+    if not isinstance(message, Mapping) or "role" not in message:
+        raise ValueError(f"messages[{i}] must be a dict with 'role', got {message!r}")
+    if not isinstance(message["role"], str) or not message["role"]:
+        raise ValueError(f"messages[{i}]['role'] must be a non-empty str, got {message['role']!r}")
+    if "content" not in message and not message.get("tool_calls"):
+        raise ValueError(f"messages[{i}] has neither 'content' nor 'tool_calls'")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ValueError(
+            f"messages[{i}]['content'] must be a str (or None), got {type(content).__name__}; "
+            "join text parts into one string"
+        )
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, (list, tuple)):
+        raise ValueError(
+            f"messages[{i}]['tool_calls'] must be a list of calls, got {type(calls).__name__}"
+        )
+
+
+def _parse(text: str) -> list[Segment]:
+    """``parse_segments``, for valid Unicode only: a lone surrogate fails deep inside the
+    tokenizer with a message about its input types."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"the prompt holds a lone surrogate {text[error.start]!r} at character "
+            f"{error.start}: pass valid Unicode text"
+        ) from None
+    return parse_segments(text)
 
 
 def before_passages(prompt: TokenizedPrompt) -> list[int]:

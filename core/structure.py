@@ -50,6 +50,9 @@ class Structure:
     parallel: bool = False
 
     def __post_init__(self) -> None:
+        for name, flag in (("constrain", self.constrain), ("parallel_tool_calls", self.parallel)):
+            if not isinstance(flag, bool):  # "no" would read as True
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         names = check_tools(self.tools)
         choice = self.tool_choice
         if choice not in TOOL_CHOICES and choice not in names:

@@ -107,10 +107,15 @@ def as_call(call: Any) -> ToolCall:
     if not isinstance(call, Mapping):
         raise ValueError(f"a tool call must be a dict or ToolCall, got {call!r}")
     inner = call.get("function", call)
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
+        raise ValueError(f"a tool call needs a str name and dict arguments, got {call!r}")
     args = inner.get("arguments", inner.get("args", {}))
     if isinstance(args, str):
-        args = json.loads(args) if args.strip() else {}
-    if not isinstance(inner.get("name"), str) or not isinstance(args, dict):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise ValueError(f"a tool call's arguments are not JSON, got {call!r}") from None
+    if not isinstance(args, dict):
         raise ValueError(f"a tool call needs a str name and dict arguments, got {call!r}")
     return ToolCall(inner["name"], args, **({"id": call["id"]} if call.get("id") else {}))
 

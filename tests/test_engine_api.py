@@ -2,8 +2,9 @@
 
 import threading
 
+import numpy as np
 import pytest
-from conftest import make_model
+from conftest import make_model, make_tokenizer
 
 from kvboost_rag import (
     ContextWindowError,
@@ -12,6 +13,7 @@ from kvboost_rag import (
     KVBoostConfig,
     UnknownModelError,
 )
+from kvboost_rag.core.prompts import ChatTemplateError
 
 PROMPT = "Once upon a time in a land far away, "
 
@@ -139,3 +141,104 @@ def test_unknown_model_alias() -> None:
 def test_invalid_config(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         KVBoostConfig(**kwargs)
+
+
+# Found by tests/test_fuzz_api.py: each was accepted, misread, or failed inside torch,
+# transformers, jinja or json instead of raising the package's own error.
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"max_new_tokens": True}, "max_new_tokens must be an int >= 1, got True"),  # was 1
+        ({"temperature": True}, "temperature must be >= 0"),  # was 1.0
+        ({"top_k": True, "temperature": 0.5}, "top_k must be an int"),  # torch.topk TypeError
+        ({"seed": True}, "seed must be an int"),  # was seed 1
+        ({"temperature": float("inf")}, "a finite number; got inf"),  # was uniform sampling
+        ({"top_p": float("nan")}, "a finite number; got nan"),
+        ({"temperature": "0.7"}, "temperature must be"),  # was "'>=' not supported between"
+        ({"top_p": None}, "top_p must be"),
+        ({"seed": 2**64}, r"seed must be an int in \[0, 2\*\*64 - 1\]"),  # torch's overflow
+        ({"seed": -1}, "seed must be an int"),  # -1 is no "random seed" here
+        ({"stop": {"a": 1}}, "stop must be a str, a list of str or None, got dict"),  # was "a"
+        ({"stop": 5}, "stop must be a str"),  # was "'int' object is not iterable"
+        ({"stop": ["\ud800"]}, "lone surrogate"),  # UnicodeEncodeError inside transformers
+        ({"constrain": "no"}, "constrain must be True or False"),  # "no" constrained decoding
+    ],
+)
+def test_odd_sampling_and_form_values(llama: KVBoost, option: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        llama.generate(PROMPT, **{"max_new_tokens": 2, **option})
+
+
+def test_a_tiny_temperature_decodes_greedily(llama: KVBoost) -> None:
+    # logits / 1e-300 overflowed to NaN probabilities: a RuntimeError inside torch.multinomial
+    greedy = llama.generate(PROMPT, max_new_tokens=3)
+    tiny = llama.generate(PROMPT, max_new_tokens=3, temperature=1e-300, seed=1)
+    assert tiny.token_ids == greedy.token_ids
+
+
+def test_numpy_scalars_and_the_largest_seed_are_taken(llama: KVBoost) -> None:
+    # np.float32 passed validation, then transformers refused it ("strictly positive float")
+    result = llama.generate(PROMPT, max_new_tokens=np.int64(2), temperature=np.float32(0.5))
+    assert len(result.token_ids) == 2
+    assert len(llama.generate(PROMPT, max_new_tokens=2, temperature=0.7, seed=2**64 - 1).token_ids)
+
+
+def test_huge_max_new_tokens_ends_at_the_context_window(llama: KVBoost) -> None:
+    result = llama.generate("x" * 508, max_new_tokens=10**30)
+    assert result.prompt_tokens + len(result.token_ids) <= llama.context_window == 512
+
+
+@pytest.mark.parametrize(
+    "passages, message",
+    [
+        ("abc", "passages must be a list of str, got str"),  # was three one-letter passages
+        (["ok", 5], r"passages\[1\] is a int"),  # was "argument of type 'int' is not iterable"
+        ([b"x"], r"passages\[0\] is a bytes"),
+    ],
+)
+def test_passages_that_are_not_a_list_of_str(llama: KVBoost, passages, message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        llama.generate("q", passages=passages, max_new_tokens=1)
+
+
+def test_a_lone_surrogate_is_refused_before_the_tokenizer(llama: KVBoost) -> None:
+    # was a TypeError from inside transformers ("TextEncodeInput must be Union[...]")
+    with pytest.raises(ValueError, match=r"lone surrogate '\\ud800' at character 1"):
+        llama.generate("a\ud800b", max_new_tokens=1)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        llama.chat([{"role": "user", "content": "\udfff"}], max_new_tokens=1)
+
+
+@pytest.mark.parametrize(
+    "message, text",
+    [  # list content was rendered as its Python repr, int content as digits
+        ({"role": "user", "content": [{"type": "text", "text": "hi"}]}, "got list; join"),
+        ({"role": "user", "content": 5}, r"\['content'\] must be a str \(or None\), got int"),
+        ({"role": None, "content": "hi"}, r"\['role'\] must be a non-empty str, got None"),
+        ({"role": "assistant", "tool_calls": "lookup"}, r"\['tool_calls'\] must be a list"),
+        (  # was a JSONDecodeError from inside the json module
+            {"role": "assistant", "tool_calls": [{"name": "lookup", "arguments": "{bad"}]},
+            "arguments are not JSON",
+        ),
+        (  # was AttributeError: 'int' object has no attribute 'get'
+            {"role": "assistant", "tool_calls": [{"function": 5}]},
+            "a tool call needs a str name",
+        ),
+    ],
+)
+def test_messages_of_the_wrong_shape(llama: KVBoost, message: dict, text: str) -> None:
+    with pytest.raises(ValueError, match=text):
+        llama.chat([message], max_new_tokens=1)
+
+
+def test_a_chat_template_refusal_is_a_chat_template_error() -> None:
+    refusing = make_tokenizer()
+    refusing.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+        "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}{{ m['content'] }}"
+        "{% endfor %}"
+    )
+    engine = KVBoost(make_model("llama"), refusing, KVBoostConfig(block_tokens=8))
+    # was jinja2's TemplateError from inside transformers, which is no ValueError
+    with pytest.raises(ChatTemplateError, match="refused these messages: Unknown role: wizard"):
+        engine.chat([{"role": "wizard", "content": "hi"}], max_new_tokens=1)
