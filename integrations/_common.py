@@ -18,7 +18,7 @@ from kvboost_rag.core.chunker import format_passages, split_passage
 from kvboost_rag.core.config import KVBoostConfig, check_fidelity
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.core.sampling import SamplingOptions
+from kvboost_rag.core.sampling import MAX_SEED, SamplingOptions
 from kvboost_rag.warm import document_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -67,11 +67,20 @@ class SamplingFields(BaseModel):
     names, as per-call options (LangChain ``invoke(..., temperature=0.7)``, LlamaIndex
     ``complete(..., max_tokens=8)``)."""
 
-    max_tokens: int = Field(default=256, ge=1, description="Most new tokens per answer.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 decodes greedily.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
-    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
+    # strict: pydantic would otherwise read True as 1 and "0.5" as 0.5.
+    max_tokens: int = Field(
+        default=256, ge=1, strict=True, description="Most new tokens per answer."
+    )
+    temperature: float = Field(
+        default=0.0, ge=0.0, strict=True, allow_inf_nan=False, description="0 decodes greedily."
+    )
+    top_p: float = Field(
+        default=1.0, gt=0.0, le=1.0, strict=True, description="Nucleus sampling mass."
+    )
+    top_k: int = Field(default=0, ge=0, strict=True, description="Top-k sampling; 0 disables it.")
+    seed: int | None = Field(
+        default=None, ge=0, le=MAX_SEED, strict=True, description="Makes sampling reproducible."
+    )
     stop: list[str] | None = Field(
         default=None, description="Stop strings; the text ends before the first one."
     )
@@ -84,16 +93,15 @@ class SamplingFields(BaseModel):
         chosen = {
             k: getattr(self, k) if given.get(k) is None else given[k] for k in SAMPLING_OPTIONS
         }
-        options = {
-            "max_new_tokens": chosen["max_tokens"],
-            "temperature": chosen["temperature"],
-            "top_p": chosen["top_p"],
-            "top_k": chosen["top_k"],
-            "seed": chosen["seed"],
-            "stop": list(chosen["stop"]) if chosen["stop"] else None,
-        }
-        SamplingOptions.build(**options)
-        return options
+        sampling = SamplingOptions.build(
+            max_new_tokens=chosen["max_tokens"],
+            temperature=chosen["temperature"],
+            top_p=chosen["top_p"],
+            top_k=chosen["top_k"],
+            seed=chosen["seed"],
+            stop=chosen["stop"],
+        )
+        return {**dataclasses.asdict(sampling), "stop": list(sampling.stop) or None}
 
 
 SAMPLING_OPTIONS: tuple[str, ...] = tuple(SamplingFields.model_fields)

@@ -285,3 +285,16 @@ def test_lcel_format_passages_marks_retrieved_documents(chat: ChatKVBoost, engin
     chain.invoke(QUESTION)  # the same documents in reverse order: every passage is a hit
     passage_tokens = sum(len(engine.tokenize(format_passages([d]))) for d in DOCS)
     assert engine.stats().reused_tokens - before >= passage_tokens
+
+
+def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostLLM, engine: KVBoost) -> None:
+    with pytest.raises(TypeError, match="documents must be a list .* got str"):
+        chat.invoke(QUESTION, documents="abc")  # was three one-letter passages
+    with pytest.raises(ValueError, match="stop must be a str"):
+        llm.invoke(QUESTION, stop=5)  # was "'int' object is not iterable" in _get_ls_params
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got True"):
+        chat.invoke(QUESTION, max_tokens=True)  # was 1 token
+    bad_fields = ({"max_tokens": True}, {"top_k": True}, {"temperature": float("inf")})
+    for field in (*bad_fields, {"seed": 2**64}):
+        with pytest.raises(ValidationError):  # True was read as 1; inf and 2**64 were taken
+            ChatKVBoost(engine=engine, **field)

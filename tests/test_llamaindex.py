@@ -202,3 +202,12 @@ def test_node_parser_in_an_ingestion_pipeline(engine: KVBoost) -> None:
     assert nodes[0].ref_doc_id == docs[0].doc_id
     with pytest.raises(TypeError, match="from_engine"):
         KVBoostNodeParser(tokenizer="not a tokenizer")
+
+
+def test_odd_values_fuzzing_found(llm: KVBoostLLM, engine: KVBoost) -> None:
+    with pytest.raises(ValueError, match="stop must be a str"):
+        llm.complete("q", stop=5)  # was "'int' object is not iterable" in _common
+    with pytest.raises(ValueError, match="top_k must be an int"):
+        list(llm.stream_complete("q", top_k=True, temperature=0.5))  # torch.topk's TypeError
+    with pytest.raises(ValueError):  # pydantic's ValidationError: True was read as 1
+        KVBoostLLM(engine=engine, max_tokens=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
@@ -112,7 +112,7 @@ class KVBoostFields(SamplingFields):
         form = {k: kwargs[k] for k in self._form_options if kwargs.get(k) is not None}
         if "tools" in form or "tool_choice" in form:
             form.update(engine_tools(form.get("tools"), form.get("tool_choice")))
-        return {**options, **form}, list(kwargs.get("documents") or [])
+        return {**options, **form}, _documents(kwargs.get("documents"))
 
     def _check_options(self, kwargs: dict[str, Any]) -> None:
         accepted = CALL_OPTIONS | set(self._form_options)
@@ -153,6 +153,21 @@ class KVBoostFields(SamplingFields):
             "ls_max_tokens": kwargs.get("max_tokens", self.max_tokens),
         }
         stops = stop if stop is not None else self.stop
-        if stops:
+        if isinstance(stops, str):
+            stops = [stops]
+        if stops and isinstance(stops, (list, tuple)):  # else the call refuses it, clearly
             params["ls_stop"] = list(stops)
         return params
+
+
+def _documents(documents: Any) -> list[Any]:
+    """A call's ``documents=`` as a list; a lone string would otherwise be iterated as one
+    document per character."""
+    if documents is None:
+        return []
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Sequence):
+        raise TypeError(
+            f"documents must be a list of strings, LangChain Documents or LlamaIndex nodes, "
+            f"got {type(documents).__name__}"
+        )
+    return list(documents)
