@@ -76,6 +76,7 @@ class DiskStore:
         self._writer: Writer[_Write] = Writer("kvboost-disk-writer", self._write)
         self._failure: tuple[Path, Exception] | None = None  # the first since flush()
         self._failed = 0  # writes failed since flush()
+        self._reserved = 0  # bytes of the files being written now
         self._pending: set[bytes] = set()  # queued, not yet written
         self._make_folder()
         self._index = FolderIndex(self.dir)
@@ -161,8 +162,17 @@ class DiskStore:
         data = codec.to_bytes(
             key, self.fingerprint, tokens, kv, self.codec, approximate, self._secret
         )
-        size = _atomic_write(path, data)
+        with self._lock:  # room first, so the folder holds the budget even mid-write
+            self._reserved += len(data)
+            self._enforce_budget()
+        try:
+            size = _atomic_write(path, data)
+        except BaseException:
+            with self._lock:
+                self._reserved -= len(data)
+            raise
         with self._lock:
+            self._reserved -= len(data)
             self._index.used(path, size)
             self._enforce_budget()
 
@@ -219,9 +229,10 @@ class DiskStore:
         return entry
 
     def _enforce_budget(self) -> None:
-        """Remove least recently used files until the folder fits; called under the lock."""
+        """Remove least recently used files until the folder fits, room for the files
+        being written included; called under the lock."""
         rescanned = False
-        while self._index.bytes > self.max_bytes and len(self._index):
+        while self._index.bytes + self._reserved > self.max_bytes and len(self._index):
             path = self._index.oldest()
             self._index.removed(path)
             try:

@@ -1,8 +1,7 @@
 """Budgets under a long mixed workload: the memory tier's KV never exceeds
 ``max_cache_bytes`` (by even one entry), and the disk folder never exceeds
-``max_disk_bytes`` by more than the files being written (the disk writer's and one spill:
-two), sampled every few milliseconds WHILE threads warm corpora, generate, stream and chat
-over many distinct passages, not only at the end.
+``max_disk_bytes`` by more than one file, sampled every few milliseconds WHILE threads
+warm corpora, generate, stream and chat over many distinct passages, not only at the end.
 
 Three measures are sampled: what the tiers account (``stats``), the memory truth (the
 storage bytes the resident entries' tensors hold, so a stored view of a larger tensor
@@ -29,7 +28,6 @@ HEAD = "System: answer from the notes.\n"
 MEMORY_BUDGET = 192 * 1024  # about four passages of the tiny model (768 bytes per token)
 DISK_BUDGET = 768 * 1024
 NEW_TOKENS = 4
-WRITES_IN_FLIGHT = 2  # the disk writer's and one spill (spills happen under the memory lock)
 
 
 def document(n: int) -> str:
@@ -165,11 +163,11 @@ def check(peaks: Peaks) -> None:
     assert peaks.memory_storage <= MEMORY_BUDGET + peaks.largest_entry, report
     assert peaks.memory_accounted > MEMORY_BUDGET // 2, report  # the budget was in play
     assert peaks.disk_accounted <= DISK_BUDGET, report
-    # Two files, not one: a file is written whole, then the budget is enforced; the
-    # background writer and a request spilling an evicted entry can both be between the
-    # two. Reserving a file's size under the store's lock before writing it would bring
-    # this to the budget itself (core/disk.py, reported in issue 15).
-    assert peaks.disk_folder <= DISK_BUDGET + WRITES_IN_FLIGHT * peaks.largest_file, report
+    # Room for a file is made before it is written (the background writer and a request
+    # spilling an evicted entry can write at once), so the folder itself stays within the
+    # budget; the one file of slack is the issue's bar, and covers a walk of the folder
+    # that lists a temp file and then its renamed self.
+    assert peaks.disk_folder <= DISK_BUDGET + peaks.largest_file, report
     assert peaks.disk_folder > DISK_BUDGET // 2, report
 
 
