@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from transformers import StopStringCriteria
+
 from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.prompts import Message, PromptEncoder
@@ -24,6 +26,7 @@ class Requests:
     """``KVBoost``'s request methods; the engine sets these attributes and methods."""
 
     config: KVBoostConfig
+    tokenizer: Any
     _prompts: PromptEncoder
     _run: Callable[..., GenerationResult]
     _stream: Callable[..., GenerationStream]
@@ -139,10 +142,24 @@ class Requests:
         constrain: bool | None = None,
     ) -> tuple[SamplingOptions, Structure]:
         sampling = SamplingOptions.build(**options)
+        self._check_stops(sampling.stop)
         structure = self.structure(
             tools, tool_choice, parallel_tool_calls, response_format, constrain
         )
         return sampling, structure
+
+    def _check_stops(self, stops: tuple[str, ...]) -> None:
+        """Stop strings the tokenizer cannot write could never end an answer, and
+        transformers refuses them mid-request: refuse them here, before the model runs."""
+        if not stops:
+            return
+        try:
+            StopStringCriteria(self.tokenizer, list(stops))
+        except ValueError as error:
+            raise ValueError(
+                f"stop strings {list(stops)!r} cannot be written with this tokenizer's "
+                "vocabulary, so they could never end an answer; pass text the model can write"
+            ) from error
 
     def tokenize(self, prompt: str, *, passages: Sequence[str] | None = None) -> list[int]:
         """The exact token ids the model sees for ``prompt`` (markers removed)."""

@@ -9,6 +9,7 @@ from kvboost_rag.core.errors import (
     KVBoostError,
     UnknownModelError,
 )
+from kvboost_rag.core.prompts import ChatTemplateError
 from kvboost_rag.core.result import (
     EngineStats,
     GenerationResult,
@@ -19,6 +20,7 @@ from kvboost_rag.core.streaming import GenerationStream
 from kvboost_rag.warm import warm_corpus
 
 __all__ = [
+    "ChatTemplateError",
     "ContextWindowError",
     "EmptyPromptError",
     "EngineStats",

@@ -63,6 +63,12 @@ def test_wrapping_checks_fidelity_and_needs_an_engine(engine: KVBoost) -> None:
         KVBoostLLM()
 
 
+def test_an_unknown_field_is_refused_not_ignored(engine: KVBoost) -> None:
+    # LlamaIndex's LLMs drop unknown fields: max_new_tokens=12 used to decode 256 tokens.
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        KVBoostLLM(engine=engine, max_new_tokens=12)
+
+
 def test_complete_is_the_engines_answer_with_stats(llm: KVBoostLLM, engine: KVBoost) -> None:
     response = llm.complete("The tower stands in", max_tokens=6)
     expected = engine.generate("The tower stands in", max_new_tokens=6)

@@ -20,7 +20,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 
@@ -78,6 +78,10 @@ class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
     its timing and reuse statistics in ``additional_kwargs``; ``last_stats`` holds the
     latest ones.
     """
+
+    # An unknown field is an error, not ignored (LlamaIndex's LLMs accept and drop them:
+    # max_new_tokens=12 decoded 256 tokens).
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     model_name: str = Field(
         default=DEFAULT_MODEL, description="The model's name or path (reported in metadata)."
