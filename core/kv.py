@@ -99,3 +99,28 @@ def place_fresh(cache: DynamicCache, positions: torch.Tensor, length: int) -> No
 def head(kv: LayerKV, length: int) -> LayerKV:
     """The first ``length`` positions of ``kv`` (views)."""
     return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
+
+
+def stack_rows(rows: Sequence[LayerKV]) -> tuple[DynamicCache, list[int]]:
+    """One left-padded batch cache of single-sequence KVs (each ``[1, heads, n_i, dim]``
+    per layer), and each row's padding: row ``i`` holds its ``n_i`` positions at the end,
+    so every row's next position lands in one shared column."""
+    lengths = [row[0][0].shape[-2] for row in rows]
+    width = max(lengths)
+    pads = [width - n for n in lengths]
+    kv: LayerKV = []
+    for layer in range(len(rows[0])):
+        stacked = []
+        for part in (0, 1):
+            first = rows[0][layer][part]
+            out = first.new_zeros((len(rows), first.shape[1], width, first.shape[3]))
+            for i, row in enumerate(rows):
+                out[i, :, pads[i] :] = row[layer][part][0]
+            stacked.append(out)
+        kv.append((stacked[0], stacked[1]))
+    return DynamicCache(ddp_cache_data=kv), pads
+
+
+def row_views(cache: DynamicCache, row: int, pad: int) -> LayerKV:
+    """One batch row's positions (behind its ``pad``) as ``[1, ...]`` views (no copy)."""
+    return [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in layer_kv(cache)]
