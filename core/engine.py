@@ -170,7 +170,7 @@ class KVBoost(Requests, Warming):
 
     def _prompt_logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
         """Logits after the prompt and after each token of ``more`` fed behind it."""
-        with self._lock, torch.inference_mode():
+        with self._working():
             plan, blocks = self._plan(prompt)
             context = build_context(self.model, plan, blocks, self._reuse, Timings())
             rows = [context.logits[None]] if context.logits is not None else []
