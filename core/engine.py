@@ -7,6 +7,7 @@ One request reads top to bottom in ``_run``: ``make_plan`` (pure) -> ``build_con
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -83,6 +84,7 @@ class KVBoost(Requests, Warming):
         self._batch_size = self.config.batch_size(torch.device(model.device))
         self._constrainer = Constrainer(tokenizer, sorted(eos_ids(model)))
         self._requests = self._prompt_tokens = self._reused_tokens = 0
+        self._counting = threading.Lock()  # the three counters, read together by stats()
 
     def _passage_reuse(self) -> PassageReuse | None:
         settings = self.config.repair_settings()
@@ -183,17 +185,11 @@ class KVBoost(Requests, Warming):
         return torch.cat(rows).float()
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            tiers = self._store.stats()
-            return EngineStats(
-                tiers.memory,
-                tiers.disk,
-                self._requests,
-                self._prompt_tokens,
-                self._reused_tokens,
-                tiers.remote,
-                self._batcher.stats(),
-            )
+        """A snapshot; it does not wait for requests in flight (the tiers lock their own)."""
+        tiers = self._store.stats()
+        with self._counting:
+            counts = self._requests, self._prompt_tokens, self._reused_tokens
+        return EngineStats(tiers.memory, tiers.disk, *counts, tiers.remote, self._batcher.stats())
 
     def flush(self) -> None:
         """Wait until queued disk and shared-tier writes are made (requests queue them in
@@ -280,6 +276,7 @@ class KVBoost(Requests, Warming):
         with self._working():
             with timings.stage("store"):
                 self._remember(plan, context, decoded.token_ids)
+        with self._counting:
             self._requests += 1
             self._prompt_tokens += len(plan.tokens)
             self._reused_tokens += context.reused

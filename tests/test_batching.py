@@ -270,3 +270,12 @@ def test_llamaindex_async_calls_decode_together(tokenizer: Any) -> None:
 
     assert asyncio.run(run()) == want
     assert batched.stats().batch.peak > 1  # type: ignore[union-attr]
+
+
+def test_stats_do_not_wait_for_the_model(tokenizer: Any) -> None:
+    """A monitoring thread reads stats while a request holds the model (here: its lock)."""
+    batched, _ = engines("llama", tokenizer)
+    ask(batched, *prompts(1)[0])
+    with batched._lock:
+        got = together([batched.stats], timeout=10)
+    assert got[0].requests == 1
