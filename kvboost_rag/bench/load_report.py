@@ -15,6 +15,9 @@ NOTES = [
     "cannot stream a batch: its TTFT is its TTLT.",
     "Generated tokens: the engines' token ids (an EOS they stopped at included); "
     "HuggingFacePipeline: its answer text re-tokenized (an EOS not counted).",
+    "Decode tokens/s: the tokens after each request's first, over the time some request "
+    "was decoding (the union of first-token-to-end spans): decoding's own throughput, "
+    "context building (lookup, repair, first token) left out for every system alike.",
     "Same answers: token ids equal to the serialized engine's for the same request (the "
     "pipeline: equal text). The pipeline prefills every prompt in full while both engines "
     "reuse passage KV at the fidelity shown, so its answers may differ by design.",
@@ -28,16 +31,30 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         _row(name, level, [r for r in runs if (r["system"], r["level"]) == (name, level)])
         for name, level in keys
     ]
-    serial = {r["level"]: r["tokens_per_s"] for r in rows if r["system"] == SERIAL}
+    serial = {r["level"]: r for r in rows if r["system"] == SERIAL}
     for row in rows:
-        row["speedup"] = row["tokens_per_s"] / serial[row["level"]]
+        row["speedup"] = row["tokens_per_s"] / serial[row["level"]]["tokens_per_s"]
+        own, base = row["decode_tokens_per_s"], serial[row["level"]]["decode_tokens_per_s"]
+        row["decode_speedup"] = own / base if own is not None and base else None
     return rows
+
+
+def decoding_seconds(requests: list[dict[str, Any]]) -> float:
+    """Seconds in which at least one request was decoding (past its first token)."""
+    spans = sorted((q["start_ms"] + q["ttft_ms"], q["end_ms"]) for q in requests)
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total / 1e3
 
 
 def _row(system: str, level: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     requests = [q for r in runs for q in r["requests"]]
     seconds = sum(max(q["end_ms"] for q in r["requests"]) for r in runs) / 1e3
     tokens = sum(q["tokens"] for q in requests)
+    decoded = sum(max(q["tokens"] - 1, 0) for q in requests)
+    decoding = sum(decoding_seconds(r["requests"]) for r in runs)
     ttft, ttlt = [q["ttft_ms"] for q in requests], [q["ttlt_ms"] for q in requests]
     return {
         "system": system,
@@ -47,6 +64,8 @@ def _row(system: str, level: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
         "requests_per_s": len(requests) / seconds,
+        # None where nothing streamed (the pipeline): its decoding cannot be told apart
+        "decode_tokens_per_s": decoded / decoding if decoding else None,
         "ttft_p50_ms": median(ttft),
         "ttft_p90_ms": p90(ttft),
         "ttlt_p50_ms": median(ttlt),
@@ -59,18 +78,24 @@ def table(report: dict[str, Any]) -> str:
     """The report as a markdown table with what it ran on above and the notes below."""
     lines = [_header(report), ""]
     lines.append(
-        "| system | N | tokens/s | requests/s | TTFT p50 ms | TTFT p90 ms | TTLT p50 ms "
-        "| TTLT p90 ms | speed-up vs serialized | same answers |"
+        "| system | N | tokens/s | decode tokens/s | requests/s | TTFT p50 ms | TTFT p90 ms "
+        "| TTLT p50 ms | TTLT p90 ms | vs serialized: tokens/s, decode | same answers |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in sorted(report["rows"], key=lambda r: (r["level"], _order(report, r["system"]))):
         lines.append(
             f"| {row['system']} | {row['level']} | {row['tokens_per_s']:.1f} "
-            f"| {row['requests_per_s']:.2f} | {row['ttft_p50_ms']:.0f} | {row['ttft_p90_ms']:.0f} "
-            f"| {row['ttlt_p50_ms']:.0f} | {row['ttlt_p90_ms']:.0f} | {row['speedup']:.2f}x "
+            f"| {_num(row['decode_tokens_per_s'], '.1f')} | {row['requests_per_s']:.2f} "
+            f"| {row['ttft_p50_ms']:.0f} | {row['ttft_p90_ms']:.0f} "
+            f"| {row['ttlt_p50_ms']:.0f} | {row['ttlt_p90_ms']:.0f} "
+            f"| {row['speedup']:.2f}x, {_num(row['decode_speedup'], '.2f', 'x')} "
             f"| {row['same_answers']}/{row['requests']} |"
         )
     return "\n".join(lines + [""] + [f"- {n}" for n in NOTES])
+
+
+def _num(value: float | None, spec: str, unit: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{unit}"
 
 
 def _order(report: dict[str, Any], system: str) -> int:
