@@ -11,7 +11,9 @@ from typing import Any, NamedTuple
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from kvboost_rag.core.batching import Job
 from kvboost_rag.core.context import Context
+from kvboost_rag.core.kv import layer_kv
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.streaming import Cancelled, TokenCollector
 
@@ -86,24 +88,85 @@ def decode(
         )
 
 
+def open_job(
+    model: Any,
+    tokenizer: Any,
+    tokens: list[int],
+    context: Context,
+    sampling: SamplingOptions,
+    collector: TokenCollector,
+    cancel: Cancelled,
+    window: int,
+    processors: LogitsProcessorList,
+    limit: int,
+) -> Job:
+    """A request's decoding up to its first token, for a ``Batcher`` to go on with: the
+    prompt's last positions when the context lacks them, then the first token. Run under
+    the model lock. The job is ``done`` already when that token ends the request."""
+    max_new = min(sampling.max_new_tokens, window - len(tokens))
+    config = sampling.generation_config(model.generation_config, max_new)
+    generator = None
+    if sampling.seed is not None:  # the stream a seeded ``generate`` would draw from
+        generator = torch.Generator(device=model.device).manual_seed(sampling.seed)
+    logits, cache = context.logits, context.cache
+    if logits is None:
+        ids = torch.tensor([tokens[cache.get_seq_length() :]], device=model.device)
+        logits = model(input_ids=ids, cache=cache, logits_to_keep=1).logits[0, -1]
+    config.max_length = len(tokens) + max_new  # what generate sets from max_new_tokens
+    job = Job(
+        tokens=list(tokens),
+        kv=layer_kv(cache),
+        do_sample=bool(config.do_sample),
+        processors=generate_processors(model, config, tokens, processors),
+        stopping=model._get_stopping_criteria(
+            generation_config=config,
+            stopping_criteria=StoppingCriteriaList([cancel]),
+            tokenizer=tokenizer,
+        ),
+        generator=generator,
+        collector=collector,
+        cancel=cancel,
+        limit=limit,
+    )
+    collector.put(torch.tensor(tokens))  # the prompt, skipped by the collector
+    if job.choose(logits.to(torch.float32)):
+        job.done.set()
+    return job
+
+
 def first_token(
     model: Any,
     config: GenerationConfig,
     tokens: list[int],
     logits: torch.Tensor,
     extra: LogitsProcessorList | None = None,
+    generator: torch.Generator | None = None,
 ) -> int:
     """The token ``generate`` would pick after ``tokens`` from these next-token logits: the
     logits processors it builds from the same generation config (repetition_penalty,
     min_p, temperature, top-k/p, ...) in its order, then argmax or one multinomial draw,
     so seeded runs agree with a plain ``generate``. ``config`` is prepared in place: pass
     a copy (``SamplingOptions.generation_config`` makes one)."""
+    processors = generate_processors(model, config, tokens, extra)
+    ids = torch.tensor([tokens], device=model.device)
+    scores = processors(ids, logits.to(dtype=torch.float32, device=ids.device)[None])
+    if config.do_sample:
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, num_samples=1, generator=generator))
+    return int(scores.argmax())
+
+
+def generate_processors(
+    model: Any, config: GenerationConfig, tokens: list[int], extra: LogitsProcessorList | None
+) -> LogitsProcessorList:
+    """The logits processors ``generate`` builds from ``config`` (prepared in place) for a
+    prompt of ``tokens``, ``extra`` merged in."""
     ids = torch.tensor([tokens], device=model.device)
     # transformers has no public builder for generate's processors; these two private
     # methods are what generate itself calls (pinned by tests/test_passage_reuse.py's
     # test_first_token_follows_the_model_generation_config).
     model._prepare_special_tokens(config, True, device=model.device)
-    processors = model._get_logits_processor(
+    return model._get_logits_processor(
         generation_config=config,
         input_ids_seq_length=len(tokens),
         encoder_input_ids=ids,
@@ -111,10 +174,6 @@ def first_token(
         device=model.device,
         model_kwargs={},
     )
-    scores = processors(ids, logits.to(dtype=torch.float32, device=ids.device)[None])
-    if config.do_sample:
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
-    return int(scores.argmax())
 
 
 def eos_ids(model: Any) -> set[int]:

@@ -7,18 +7,23 @@ One request reads top to bottom in ``_run``: ``make_plan`` (pure) -> ``build_con
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
 from transformers import LogitsProcessorList
 
 from kvboost_rag.core.arch import model_support
+from kvboost_rag.core.batching import model_batcher
 from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.context import Context, build_context
-from kvboost_rag.core.decoding import Decoded, eos_ids, generate_tokens, model_lock
+from kvboost_rag.core.decoding import Decoded, eos_ids, generate_tokens, model_lock, open_job
 from kvboost_rag.core.fingerprint import model_fingerprint
 from kvboost_rag.core.kv import LayerKV
 from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
@@ -32,7 +37,7 @@ from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, elap
 from kvboost_rag.core.reuse import PassageReuse
 from kvboost_rag.core.sampling import SamplingOptions
 from kvboost_rag.core.session import SessionCache
-from kvboost_rag.core.streaming import Cancelled, GenerationStream, cut_at_stop
+from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
 from kvboost_rag.core.structure import Constrainer, Structure
 from kvboost_rag.core.tiers import open_tiers
 from kvboost_rag.core.warming import Warming
@@ -75,8 +80,11 @@ class KVBoost(Requests, Warming):
             else None
         )
         self._lock = model_lock(model)
+        self._batcher = model_batcher(model, self._lock)
+        self._batch_size = self.config.batch_size(torch.device(model.device))
         self._constrainer = Constrainer(tokenizer, sorted(eos_ids(model)))
         self._requests = self._prompt_tokens = self._reused_tokens = 0
+        self._counting = threading.Lock()  # the three counters, read together by stats()
 
     def _passage_reuse(self) -> PassageReuse | None:
         settings = self.config.repair_settings()
@@ -164,7 +172,7 @@ class KVBoost(Requests, Warming):
 
     def _prompt_logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
         """Logits after the prompt and after each token of ``more`` fed behind it."""
-        with self._lock, torch.inference_mode():
+        with self._working():
             plan, blocks = self._plan(prompt)
             context = build_context(self.model, plan, blocks, self._reuse, Timings())
             rows = [context.logits[None]] if context.logits is not None else []
@@ -177,16 +185,11 @@ class KVBoost(Requests, Warming):
         return torch.cat(rows).float()
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            tiers = self._store.stats()
-            return EngineStats(
-                tiers.memory,
-                tiers.disk,
-                self._requests,
-                self._prompt_tokens,
-                self._reused_tokens,
-                tiers.remote,
-            )
+        """A snapshot; it does not wait for requests in flight (the tiers lock their own)."""
+        tiers = self._store.stats()
+        with self._counting:
+            counts = self._requests, self._prompt_tokens, self._reused_tokens
+        return EngineStats(tiers.memory, tiers.disk, *counts, tiers.remote, self._batcher.stats())
 
     def flush(self) -> None:
         """Wait until queued disk and shared-tier writes are made (requests queue them in
@@ -232,23 +235,48 @@ class KVBoost(Requests, Warming):
             [self._constrainer.processor(grammar)] if grammar is not None else []
         )
         timings = Timings(tokenize_ms=elapsed_ms(start))
-        with self._lock, torch.inference_mode():
+        with self._working():
             with timings.stage("lookup"):
                 plan, blocks = self._plan(prompt)
             context = build_context(self.model, plan, blocks, self._reuse, timings)
-            decoded = generate_tokens(
-                self.model,
-                self.tokenizer,
-                plan.tokens,
-                context,
-                sampling,
-                on_token,
-                cancel,
-                self.context_window,
-                processors,
-            )
+            if self._batch_size == 1:
+                decoded = generate_tokens(
+                    self.model,
+                    self.tokenizer,
+                    plan.tokens,
+                    context,
+                    sampling,
+                    on_token,
+                    cancel,
+                    self.context_window,
+                    processors,
+                )
+            else:
+                collector, started = TokenCollector(on_token), time.perf_counter()
+                job = open_job(
+                    self.model,
+                    self.tokenizer,
+                    plan.tokens,
+                    context,
+                    sampling,
+                    collector,
+                    cancel,
+                    self.context_window,
+                    processors,
+                    self._batch_size,
+                )
+        if self._batch_size != 1:
+            if not job.done.is_set():
+                self._batcher.submit(job)
+            job.wait()
+            ended = time.perf_counter()
+            first = collector.first_token_at or ended
+            decoded = Decoded(collector.token_ids, started, first, ended)
+            context = replace(context, cache=job.cache(self.model.config))
+        with self._working():
             with timings.stage("store"):
                 self._remember(plan, context, decoded.token_ids)
+        with self._counting:
             self._requests += 1
             self._prompt_tokens += len(plan.tokens)
             self._reused_tokens += context.reused
@@ -259,6 +287,12 @@ class KVBoost(Requests, Warming):
         if parsed.calls and result.finish_reason == "stop":
             result.finish_reason = "tool_calls"
         return result
+
+    @contextmanager
+    def _working(self) -> Iterator[None]:
+        """The model lock, with decoding steps held back meanwhile (see ``Batcher``)."""
+        with self._batcher.priority(), self._lock, torch.inference_mode():
+            yield
 
     def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:
         match = self._prefix.match(prompt.tokens)

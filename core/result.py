@@ -113,3 +113,13 @@ class EngineStats:
     prompt_tokens: int  # summed over requests
     reused_tokens: int  # prompt tokens served from cache, summed over requests
     remote: RemoteStats | None = None  # the shared tier (None without remote_url)
+    # Decoding steps of the model's batcher (shared by engines on one model): how many,
+    # and how many requests they decoded in all and at most at once.
+    batch: BatchStats | None = None
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    steps: int  # forwards over the batch
+    rows: int  # request-steps decoded in them (rows / steps: the mean batch)
+    peak: int  # the most requests decoded in one step

@@ -7,10 +7,13 @@ Framework-free on purpose: each adapter imports its framework, this module impor
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import functools
 import importlib.util
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -139,6 +142,30 @@ def split_into_units(text: str, tokenizer: Any, max_passage_tokens: int) -> list
 
 
 _END = object()
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Worker threads for async callers. asyncio's default executor has min(32, cores + 4)
+# threads (6 on a 2-core machine): eight concurrent ``ainvoke`` calls would then reach the
+# engine six at a time, and a streaming caller's next chunk would wait behind them. The
+# threads mostly wait for the engine's batch, so many are cheap.
+_WORKERS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="kvboost-async")
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``asyncio.to_thread`` on the adapters' own worker threads (context variables kept)."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_WORKERS, call)
+
+
+def concurrently(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(item) for item in items]`` with every call in flight at once, so the engine
+    decodes them in one batch; results in order, the first error raised."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="kvboost-batch") as pool:
+        calls = [contextvars.copy_context() for _ in items]
+        return list(pool.map(lambda pair: pair[0].run(fn, pair[1]), zip(calls, items)))
 
 
 async def aiter_thread(source: Iterator[Any], close: Any = None) -> AsyncIterator[Any]:
@@ -148,11 +175,11 @@ async def aiter_thread(source: Iterator[Any], close: Any = None) -> AsyncIterato
     finished = False
     try:
         while True:
-            item = await asyncio.to_thread(next, source, _END)
+            item = await in_thread(next, source, _END)
             if item is _END:
                 finished = True
                 return
             yield item
     finally:
         if not finished and close is not None:
-            await asyncio.to_thread(close)
+            await in_thread(close)

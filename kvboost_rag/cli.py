@@ -17,6 +17,7 @@ BENCHES = {
     "constrained": "constrained",
     "faults": "faults",
     "front": "front",
+    "load": "load",
     "rag": "rag",
     "remote": "remote",
     "warm": "warm",
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench agent|chat|constrained|faults|front|rag|remote|warm ...: one workload",
+        "bench agent|chat|constrained|faults|front|load|rag|remote|warm ...: one workload",
     )
     w = sub.add_parser(
         "warm",

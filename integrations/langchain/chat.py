@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from typing import Any
 
@@ -13,11 +12,11 @@ from langchain_core.callbacks import (
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BaseModel, ConfigDict
 
 from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.integrations._common import aiter_thread
+from kvboost_rag.integrations._common import aiter_thread, in_thread
 from kvboost_rag.integrations.langchain._fields import FORM_OPTIONS, TOOL_OPTIONS, KVBoostFields
 from kvboost_rag.integrations.langchain.messages import (
     ai_message,
@@ -102,6 +101,21 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
             raise ValueError(f"unsupported argument(s) {sorted(kwargs)}")
         return structured_output(self, schema, method, include_raw, strict)
 
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[BaseMessage]:
+        """As LangChain's ``batch``, with every input in flight at once unless the config
+        sets ``max_concurrency`` (LangChain's default pool has cores + 4 threads), so the
+        engine decodes them in one batch."""
+        configs = config if isinstance(config, list) else [config or {}] * len(inputs)
+        configs = [{"max_concurrency": len(inputs), **c} for c in configs]
+        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)  # type: ignore[arg-type]
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -125,8 +139,8 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        # The model runs in a worker thread; requests still serialize on the model's lock.
-        return await asyncio.to_thread(self._generate, messages, stop, None, **kwargs)
+        # In a worker thread; concurrent requests decode together in the engine's batch.
+        return await in_thread(self._generate, messages, stop, None, **kwargs)
 
     def _stream(
         self,

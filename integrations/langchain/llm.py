@@ -15,7 +15,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.integrations._common import aiter_thread
+from kvboost_rag.integrations._common import aiter_thread, concurrently, in_thread
 from kvboost_rag.integrations.langchain._fields import KVBoostFields
 from kvboost_rag.warm import document_text
 
@@ -46,16 +46,17 @@ class KVBoostLLM(KVBoostFields, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        results = []
-        for prompt in prompts:
+        def one(prompt: str) -> Generation:
             if self.streaming:
                 chunks = list(self._stream(prompt, stop, run_manager, **kwargs))
                 text = "".join(c.text for c in chunks)
-                results.append(Generation(text=text, generation_info=chunks[-1].generation_info))
-            else:
-                options, documents = self._request(stop, kwargs)
-                result = self.kv_engine.generate(prompt, passages=_texts(documents), **options)
-                results.append(Generation(text=result.text, generation_info=self._stats(result)))
+                return Generation(text=text, generation_info=chunks[-1].generation_info)
+            options, documents = self._request(stop, kwargs)
+            result = self.kv_engine.generate(prompt, passages=_texts(documents), **options)
+            return Generation(text=result.text, generation_info=self._stats(result))
+
+        # LangChain's batch() hands every prompt to one call: they decode in one batch.
+        results = concurrently(one, prompts)
         return LLMResult(generations=[[g] for g in results], llm_output=_usage(results))
 
     async def _agenerate(
@@ -66,16 +67,15 @@ class KVBoostLLM(KVBoostFields, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         if self.streaming:
-            generations = []
-            for prompt in prompts:
+
+            async def one(prompt: str) -> Generation:
                 chunks = [c async for c in self._astream(prompt, stop, run_manager, **kwargs)]
                 text = "".join(c.text for c in chunks)
-                generations.append(
-                    Generation(text=text, generation_info=chunks[-1].generation_info)
-                )
+                return Generation(text=text, generation_info=chunks[-1].generation_info)
+
+            generations = list(await asyncio.gather(*(one(p) for p in prompts)))
             return LLMResult(generations=[[g] for g in generations], llm_output=_usage(generations))
-        # The model runs in a worker thread; requests still serialize on the model's lock.
-        return await asyncio.to_thread(self._generate, prompts, stop, None, **kwargs)
+        return await in_thread(self._generate, prompts, stop, None, **kwargs)
 
     def _stream(
         self,

@@ -3,7 +3,6 @@ passage KV and agents call tools under constrained decoding."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,6 +34,7 @@ from kvboost_rag.integrations._common import (
     SamplingFields,
     aiter_thread,
     check_engine_fidelity,
+    in_thread,
     load_engine,
     result_stats,
 )
@@ -188,13 +188,13 @@ class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+        return await in_thread(self._complete, prompt, formatted, kwargs)
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        stream = await asyncio.to_thread(self._open_stream, prompt, formatted, kwargs)
+        stream = await in_thread(self._open_stream, prompt, formatted, kwargs)
         return cast(
             CompletionResponseAsyncGen,
             aiter_thread(self._completion_chunks(stream), close=stream.close),
@@ -202,13 +202,13 @@ class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat, messages, kwargs)
+        return await in_thread(self._chat, messages, kwargs)
 
     @llm_chat_callback()
     async def astream_chat(
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
-        stream = await asyncio.to_thread(self._open_chat_stream, messages, kwargs)
+        stream = await in_thread(self._open_chat_stream, messages, kwargs)
         chunks = self._chat_chunks(stream)
         return cast(ChatResponseAsyncGen, aiter_thread(chunks, close=stream.close))
 
