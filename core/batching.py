@@ -54,7 +54,7 @@ class Job:
         """Pick the next token from one row of next-token logits, as generate's sampling
         loop does; hand it to the collector; True when the request is finished."""
         ids = torch.tensor([self.tokens], device=logits.device)
-        scores = self.processors(ids, logits[None])
+        scores = self.processors(ids, logits[None])  # type: ignore[arg-type]
         if self.do_sample:
             probs = torch.softmax(scores, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=self.generator))

@@ -149,7 +149,7 @@ def first_token(
     a copy (``SamplingOptions.generation_config`` makes one)."""
     processors = generate_processors(model, config, tokens, extra)
     ids = torch.tensor([tokens], device=model.device)
-    scores = processors(ids, logits.to(dtype=torch.float32, device=ids.device)[None])
+    scores = processors(ids, logits.to(dtype=torch.float32, device=ids.device)[None])  # type: ignore[arg-type]
     if config.do_sample:
         probs = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, num_samples=1, generator=generator))

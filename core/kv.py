@@ -133,26 +133,29 @@ class GrowingLayer(DynamicLayer):
         super().__init__()
         self.device = keys.device
         self._buffers = (keys, values)
+        self._length = 0
         self._set(length)
         self.is_initialized = True
 
-    def _set(self, length: int) -> None:
-        self.keys = self._buffers[0][:, :, :length]
-        self.values = self._buffers[1][:, :, :length]
+    def _set(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self._length = length
+        keys, values = (buf[:, :, :length] for buf in self._buffers)
+        self.keys, self.values = keys, values
+        return keys, values
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        start, end = self.keys.shape[-2], self.keys.shape[-2] + key_states.shape[-2]
+        start, end = self._length, self._length + key_states.shape[-2]
         if end > self._buffers[0].shape[-2]:  # full: twice the room, one copy
-            self._buffers = tuple(  # type: ignore[assignment]
+            keys, values = (
                 torch.cat([buf[:, :, :start], torch.zeros_like(buf[:, :, : max(end, start)])], -2)
                 for buf in self._buffers
             )
+            self._buffers = (keys, values)
         self._buffers[0][:, :, start:end] = key_states
         self._buffers[1][:, :, start:end] = value_states
-        self._set(end)
-        return self.keys, self.values
+        return self._set(end)
 
 
 def row_views(cache: DynamicCache, row: int, pad: int) -> LayerKV:

@@ -108,7 +108,7 @@ class ChatKVBoost(KVBoostFields, BaseChatModel):
         *,
         return_exceptions: bool = False,
         **kwargs: Any,
-    ) -> list[BaseMessage]:
+    ) -> list[AIMessage]:
         """As LangChain's ``batch``, with every input in flight at once unless the config
         sets ``max_concurrency`` (LangChain's default pool has cores + 4 threads), so the
         engine decodes them in one batch."""
