@@ -18,6 +18,7 @@ processors and stopping criteria per request, so a request decodes what generate
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,9 +95,10 @@ class Batcher:
         self._wanting = 0  # requests building a context or storing one's KV
         self._thread: threading.Thread | None = None
         self._steps = self._stepped_rows = self._peak = 0
+        self._seconds = 0.0
 
     def stats(self) -> BatchStats:
-        return BatchStats(self._steps, self._stepped_rows, self._peak)
+        return BatchStats(self._steps, self._stepped_rows, self._peak, self._seconds)
 
     @contextmanager
     def priority(self) -> Iterator[None]:
@@ -122,7 +124,9 @@ class Batcher:
 
     def _loop(self) -> None:
         while self._next_batch():
+            start = time.perf_counter()
             finished = self._step()
+            self._seconds += time.perf_counter() - start
             if finished:
                 self._release(finished)
 

@@ -123,3 +123,5 @@ class BatchStats:
     steps: int  # forwards over the batch
     rows: int  # request-steps decoded in them (rows / steps: the mean batch)
     peak: int  # the most requests decoded in one step
+    seconds: float = 0.0  # spent in steps (forward and token choice): rows / seconds is
+    # the batch's decoding throughput in tokens/s

@@ -43,6 +43,8 @@ from kvboost_rag.bench.load_report import SERIAL, draw, summarize, table
 from kvboost_rag.bench.load_systems import (
     Messages,
     System,
+    batch_before,
+    batch_delta,
     engine_system,
     pipeline_system,
     same,
@@ -107,6 +109,7 @@ def measure(
             batch, used = requests[used : used + level], used + level
             for name, run in systems.items():
                 note(f"N={level} round {round_ + 1}/{rounds}: {name}")
+                before = batch_before(run)
                 timed = run(batch)
                 runs.append(
                     {
@@ -115,6 +118,7 @@ def measure(
                         "round": round_,
                         "batch": batch,
                         "timed": timed,
+                        "steps": batch_delta(run, before),
                     }
                 )
     return runs
@@ -141,7 +145,8 @@ def as_json(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
             for m, t, s in zip(run["batch"], run["timed"], ref)
         ]
-        out.append({**{k: run[k] for k in ("system", "level", "round")}, "requests": requests})
+        keys = ("system", "level", "round", "steps")
+        out.append({**{k: run[k] for k in keys}, "requests": requests})
     return out
 
 

@@ -51,7 +51,26 @@ def engine_system(engine: KVBoost, max_new_tokens: int) -> System:
         with ThreadPoolExecutor(len(batch)) as pool:
             return list(pool.map(one, batch, [barrier] * len(batch)))
 
+    run.engine = engine  # type: ignore[attr-defined]  # measure() reads its batch stats
     return run
+
+
+def batch_delta(run: System, before: Any) -> dict[str, Any] | None:
+    """What the engine's batcher did since ``before`` (its ``stats().batch`` then)."""
+    engine = getattr(run, "engine", None)
+    if engine is None:
+        return None
+    now = engine.stats().batch
+    return {
+        "steps": now.steps - before.steps,
+        "rows": now.rows - before.rows,
+        "seconds": now.seconds - before.seconds,
+    }
+
+
+def batch_before(run: System) -> Any:
+    engine = getattr(run, "engine", None)
+    return engine.stats().batch if engine is not None else None
 
 
 def pipeline_system(base: KVBoost, max_new_tokens: int) -> System:
