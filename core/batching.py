@@ -123,12 +123,26 @@ class Batcher:
             self._changed.notify_all()
 
     def _loop(self) -> None:
-        while self._next_batch():
-            start = time.perf_counter()
-            finished = self._step()
-            self._seconds += time.perf_counter() - start
-            if finished:
-                self._release(finished)
+        while True:
+            try:
+                if not self._next_batch():
+                    return
+                start = time.perf_counter()
+                finished = self._step()
+                self._seconds += time.perf_counter() - start
+                if finished:
+                    self._release(finished)
+            except BaseException as error:  # restacking failed (out of memory): fail them all
+                self._fail_all(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """End every job with ``error``, so no request waits on a batch that is gone."""
+        with self._changed:
+            jobs, self._waiting = self._rows + self._waiting, []
+        self._rows, self._cache = [], None
+        for job in jobs:
+            job.error = error
+            job.done.set()
 
     def _next_batch(self) -> bool:
         """Wait for work and for requests building a context; admit waiting jobs. False

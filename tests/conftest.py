@@ -179,3 +179,25 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("default", max_examples=40, deadline=None)
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def run_thorough(path: str, expected: str) -> None:
+    """Run a property test file under the "thorough" profile, in a process of its own:
+    hypothesis fixes a test's example count when its module is imported."""
+    import subprocess
+
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path]
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "thorough"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert expected in done.stdout, done.stdout[-2000:]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module: on the shared 2-core machine two per op ran 4-7x
+    slower when other tests ran beside."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -279,3 +279,21 @@ def test_stats_do_not_wait_for_the_model(tokenizer: Any) -> None:
     with batched._lock:
         got = together([batched.stats], timeout=10)
     assert got[0].requests == 1
+
+
+def test_a_batch_that_cannot_be_built_fails_its_requests(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restacking that fails (say, out of memory) ends the requests with the error instead
+    of leaving them waiting, and the next requests are served."""
+    batched, serial = engines("llama", tokenizer)
+
+    def fail(rows: Any, room: int = 64) -> Any:
+        raise MemoryError("no room for the batch")
+
+    monkeypatch.setattr(batching, "stack_rows", fail)
+    got = together([lambda w=w: ask(batched, *w) for w in prompts(3)], timeout=60)
+    assert all(isinstance(g, MemoryError) for g in got)
+    monkeypatch.undo()
+    work = prompts(2)
+    assert together([lambda w=w: ask(batched, *w) for w in work]) == [ask(serial, *w) for w in work]

@@ -35,13 +35,7 @@ WORKER = Path(__file__).parent / "fault_worker.py"
 NOBODY = 65534
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: on the shared 2-core machine two per op ran 4-7x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,8 @@ segments / token spans that cover exactly the marked text, with no marker in the
 input. Examples per property: 40 always; 2,000 in the ``slow`` run (``pytest -m slow``),
 which runs this file again under HYPOTHESIS_PROFILE=thorough."""
 
-import os
-import subprocess
-import sys
-
 import pytest
+from conftest import run_thorough
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -100,10 +97,4 @@ def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, que
 
 @pytest.mark.slow
 def test_every_property_holds_over_2000_examples() -> None:
-    # Hypothesis fixes a test's example count when the module is imported, so the thorough
-    # run is this file in a process of its own, under the "thorough" profile (conftest.py).
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    env = {**os.environ, "HYPOTHESIS_PROFILE": "thorough"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert " 5 passed" in done.stdout, done.stdout[-2000:]
+    run_thorough(__file__, " 5 passed")

@@ -44,6 +44,15 @@ def test_readme_llamaindex_table_equals_its_json() -> None:
     assert table(json.loads(saved.read_text())) in README.read_text()
 
 
+def test_readme_load_table_equals_its_json() -> None:
+    import json
+
+    from kvboost_rag.bench.load_report import table
+
+    saved = README.parent / "docs" / "bench" / "load-float32.json"
+    assert table(json.loads(saved.read_text())) in README.read_text()
+
+
 def test_readme_bench_section_equals_bench_json(tmp_path: Path) -> None:
     from kvboost_rag.bench.report import update_readme
 

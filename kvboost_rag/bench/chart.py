@@ -40,6 +40,14 @@ def draw(report: dict[str, Any], path: Path) -> Path:
     left.xaxis.set_minor_formatter(NullFormatter())
     right.set_xlim(0, 100)
     right.legend(loc="lower right")
+    return save(fig, report, path)
+
+
+def save(fig: Any, report: dict[str, Any], path: Path) -> Path:
+    """Title ``fig`` with the model, machine and command of ``report``; write it to
+    ``path`` (PNG) and close it."""
+    import matplotlib.pyplot as plt
+
     m = report["machine"]
     fig.suptitle(
         f"{report['model']} {m['dtype']} on {m['device']} ({m['cpu_count']} cores, "

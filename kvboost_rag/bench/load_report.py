@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvboost_rag.bench.chart import save
 from kvboost_rag.bench.metrics import median, p90
 
 SERIAL = "serialized"
@@ -154,14 +155,4 @@ def draw(report: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     left.legend()
-    m = report["machine"]
-    fig.suptitle(
-        f"{report['model']} {m['dtype']} on {m['device']} ({m['cpu_count']} cores, "
-        f"{m['threads']} threads): {report['command']}"
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return save(fig, report, path)
