@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
-import functools
 import importlib.util
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -145,17 +145,41 @@ _END = object()
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Worker threads for async callers. asyncio's default executor has min(32, cores + 4)
-# threads (6 on a 2-core machine): eight concurrent ``ainvoke`` calls would then reach the
-# engine six at a time, and a streaming caller's next chunk would wait behind them. The
-# threads mostly wait for the engine's batch, so many are cheap.
-_WORKERS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="kvboost-async")
+# Async callers get a thread of their own per call. asyncio's default executor has
+# min(32, cores + 4) threads (6 on a 2-core machine): eight concurrent ``ainvoke`` calls
+# would reach the engine six at a time, and a streaming caller's next chunk would wait
+# behind them. A thread per call ends with it (a pool would keep idle threads for the
+# whole process) and is not a daemon: like asyncio's executor, exit waits for it rather
+# than killing it inside torch.
 
 
 async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """``asyncio.to_thread`` on the adapters' own worker threads (context variables kept)."""
-    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_WORKERS, call)
+    """``asyncio.to_thread`` without the default executor's thread limit (context
+    variables kept)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(error: BaseException | None, value: Any) -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def run() -> None:
+        try:
+            outcome: tuple[BaseException | None, Any] = (None, context.run(fn, *args, **kwargs))
+        except BaseException as error:  # handed to the awaiting task, raised there
+            outcome = (error, None)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is closed: nobody awaits this call any more
+            pass
+
+    threading.Thread(target=run, name="kvboost-async").start()
+    return await future
 
 
 def concurrently(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:

@@ -164,7 +164,7 @@ def test_a_prefix_and_passage_over_the_context_window_is_refused(tokenizer) -> N
     from kvboost_rag.core.errors import ContextWindowError
 
     engine = engine_with("llama", tokenizer)  # a 512-token window
-    with pytest.raises(ContextWindowError, match="prefix \\+ passage is"):
+    with pytest.raises(ContextWindowError, match="after the 450-token prefix is 550 tokens"):
         engine.warm_passages(["a" * 100], prefix="b" * 450)
     assert engine.stats().cache.entries == 0
 
