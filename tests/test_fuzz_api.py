@@ -511,6 +511,16 @@ def li_answer(method, request, sampled, stream):
     return response
 
 
+# -- what the fuzzing found on the request path, past SamplingOptions' checks --------------
+
+
+def test_stop_string_the_tokenizer_cannot_spell(engine) -> None:
+    # The test tokenizer has printable ASCII only; a byte-level one spells any text.
+    with pytest.raises(ValueError, match="cannot be written with this tokenizer"):
+        engine.generate("Once", max_new_tokens=2, stop=["\u00e9"])
+    assert engine.generate("Once", max_new_tokens=2, stop=["\u00e9", "x"]).text is not None
+
+
 @pytest.mark.slow
 def test_every_property_holds_over_2000_examples() -> None:
-    run_thorough(__file__, " 7 passed")
+    run_thorough(__file__, 7)

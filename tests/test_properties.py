@@ -97,4 +97,4 @@ def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, que
 
 @pytest.mark.slow
 def test_every_property_holds_over_2000_examples() -> None:
-    run_thorough(__file__, " 5 passed")
+    run_thorough(__file__, 5)
