@@ -9,9 +9,9 @@ from typing import Literal, TypeVar, get_args
 
 import torch
 
-from kvboost_rag.core.codec import CODECS
-from kvboost_rag.core.repair import STRATEGIES, RepairSettings
-from kvboost_rag.core.tools import FORMATS
+from kvboost_rag.core.reuse.repair import STRATEGIES, RepairSettings
+from kvboost_rag.core.store.codec import CODECS
+from kvboost_rag.core.tools.formats import FORMATS
 
 T = TypeVar("T")
 SECRET_ENV = "KVBOOST_CACHE_SECRET"
@@ -58,7 +58,7 @@ class KVBoostConfig:
     # so a multi-turn conversation reuses its history.
     cache_generated: bool = True
     # Repair strategy for reused passages; None takes the fidelity level's default
-    # (see FIDELITY_REPAIR). One of kvboost_rag.core.repair.STRATEGIES.
+    # (see FIDELITY_REPAIR). One of kvboost_rag.core.reuse.repair.STRATEGIES.
     repair: str | None = None
     # Share of reused passage tokens recomputed by the "deviation" strategy.
     recompute_ratio: float | None = None
@@ -84,7 +84,7 @@ class KVBoostConfig:
     max_disk_bytes: int = 20 * 1024**3
     # The shared tier every machine reads: a Redis / Valkey URL ("redis://host:6379/0",
     # "rediss://" for TLS, "redis://:password@host", "unix:///path.sock"); None: no shared
-    # tier. Needs the redis extra. Faults never reach requests (see core/remote.py).
+    # tier. Needs the redis extra. Faults never reach requests (see core/store/remote.py).
     remote_url: str | None = None
     # Key prefix in the shared tier (keys are "<namespace>:<model fingerprint>:<key>").
     remote_namespace: str = "kvboost"
@@ -101,7 +101,7 @@ class KVBoostConfig:
     # unset, entries are checksummed only (damage is caught, malice is not).
     cache_secret: str | bytes | None = field(default=None, repr=False)
     # How tool calls look in the model's output: "auto" reads the chat template (Hermes
-    # tags when it has no tool support), or one of kvboost_rag.core.tools.FORMATS.
+    # tags when it has no tool support), or one of kvboost_rag.core.tools.formats.FORMATS.
     tool_format: str = "auto"
     # Decode tool calls and JSON answers under a grammar (llguidance), so they are valid
     # even from a small model; a request's constrain= overrides it.

@@ -18,28 +18,44 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
-from kvboost_rag.core.arch import model_support
-from kvboost_rag.core.batching import model_batcher
-from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.context import Context, build_context
-from kvboost_rag.core.decoding import Decoded, eos_ids, generate_tokens, model_lock, open_job
-from kvboost_rag.core.fingerprint import model_fingerprint
-from kvboost_rag.core.kv import LayerKV
-from kvboost_rag.core.loading import default_device, default_dtype, load_model, resolve_model_path
-from kvboost_rag.core.passage_encoder import PassageEncoder
-from kvboost_rag.core.passages import PassageCache
-from kvboost_rag.core.plan import Plan, make_plan
-from kvboost_rag.core.prefix import PrefixCache
-from kvboost_rag.core.prompts import Message, PromptEncoder, anchor_tokens, before_passages
-from kvboost_rag.core.requests import Requests
-from kvboost_rag.core.result import EngineStats, GenerationResult, Timings, elapsed_ms
-from kvboost_rag.core.reuse import PassageReuse
-from kvboost_rag.core.sampling import SamplingOptions
-from kvboost_rag.core.session import SessionCache
-from kvboost_rag.core.streaming import Cancelled, GenerationStream, TokenCollector, cut_at_stop
-from kvboost_rag.core.structure import Constrainer, Structure
-from kvboost_rag.core.tiers import open_tiers
+from kvboost_rag.core.generation.batching import model_batcher
+from kvboost_rag.core.generation.decoding import (
+    Decoded,
+    eos_ids,
+    generate_tokens,
+    model_lock,
+    open_job,
+)
+from kvboost_rag.core.generation.requests import Requests
+from kvboost_rag.core.generation.result import EngineStats, GenerationResult, Timings, elapsed_ms
+from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.generation.streaming import (
+    Cancelled,
+    GenerationStream,
+    TokenCollector,
+    cut_at_stop,
+)
+from kvboost_rag.core.model.arch import model_support
+from kvboost_rag.core.model.fingerprint import model_fingerprint
+from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.model.loading import (
+    default_device,
+    default_dtype,
+    load_model,
+    resolve_model_path,
+)
+from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.prompt.prompts import Message, PromptEncoder, anchor_tokens, before_passages
+from kvboost_rag.core.reuse.assemble import PassageReuse
+from kvboost_rag.core.reuse.context import Context, build_context
+from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
+from kvboost_rag.core.reuse.passages import PassageCache
+from kvboost_rag.core.reuse.plan import Plan, make_plan
+from kvboost_rag.core.reuse.prefix import PrefixCache
+from kvboost_rag.core.reuse.session import SessionCache
+from kvboost_rag.core.store.tiers import open_tiers
+from kvboost_rag.core.tools.structure import Constrainer, Structure
 from kvboost_rag.core.warming import Warming
 
 

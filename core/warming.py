@@ -10,16 +10,16 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.core.arch import ModelSupport
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import ContextWindowError
-from kvboost_rag.core.kv import blocks_cache, kv_nbytes, layer_kv
-from kvboost_rag.core.passages import Prefix
-from kvboost_rag.core.prefix import PrefixCache
-from kvboost_rag.core.prompts import Message, PromptEncoder
-from kvboost_rag.core.result import WarmResult
-from kvboost_rag.core.reuse import PassageReuse
-from kvboost_rag.core.tiers import TieredStore
+from kvboost_rag.core.generation.result import WarmResult
+from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.model.kv import blocks_cache, kv_nbytes, layer_kv
+from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
+from kvboost_rag.core.reuse.assemble import PassageReuse
+from kvboost_rag.core.reuse.passages import Prefix
+from kvboost_rag.core.reuse.prefix import PrefixCache
+from kvboost_rag.core.store.tiers import TieredStore
 
 
 class Warming:

@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
-from kvboost_rag.core.chunker import format_passages, split_passage
 from kvboost_rag.core.config import KVBoostConfig, check_fidelity
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.core.sampling import MAX_SEED, SamplingOptions
+from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.generation.sampling import MAX_SEED, SamplingOptions
+from kvboost_rag.core.prompt.chunker import format_passages, split_passage
 from kvboost_rag.warm import document_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

@@ -1,6 +1,5 @@
 """kvboost-rag: compute each passage's attention KV once, reuse it in every later prompt."""
 
-from kvboost_rag.core.chunker import MarkerError, format_passages, passage
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.errors import (
@@ -9,14 +8,15 @@ from kvboost_rag.core.errors import (
     KVBoostError,
     UnknownModelError,
 )
-from kvboost_rag.core.prompts import ChatTemplateError
-from kvboost_rag.core.result import (
+from kvboost_rag.core.generation.result import (
     EngineStats,
     GenerationResult,
     Timings,
     WarmResult,
 )
-from kvboost_rag.core.streaming import GenerationStream
+from kvboost_rag.core.generation.streaming import GenerationStream
+from kvboost_rag.core.prompt.chunker import MarkerError, format_passages, passage
+from kvboost_rag.core.prompt.prompts import ChatTemplateError
 from kvboost_rag.warm import warm_corpus
 
 __all__ = [

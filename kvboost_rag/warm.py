@@ -7,9 +7,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from kvboost_rag.core.chunker import MarkerError, passage
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.result import WarmResult
+from kvboost_rag.core.generation.result import WarmResult
+from kvboost_rag.core.prompt.chunker import MarkerError, passage
 
 # What ``engine.warm_passages(prefix=...)`` takes: None, a completion prompt, or messages.
 EnginePrefix = str | list[dict[str, str]] | None

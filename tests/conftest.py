@@ -172,7 +172,7 @@ def redis_server(tmp_path):
         yield server
 
 
-# Property tests (tests/test_properties.py): a small sample always; the slow run
+# Property tests (tests/prompt/test_properties.py): a small sample always; the slow run
 # (pytest -m slow) runs that file again with HYPOTHESIS_PROFILE=thorough.
 from hypothesis import settings  # noqa: E402
 

@@ -24,8 +24,8 @@ from conftest import make_model, make_tokenizer  # noqa: E402
 from warm_worker import corpus  # noqa: E402
 
 from kvboost_rag import KVBoost, KVBoostConfig  # noqa: E402
-from kvboost_rag.core.disk import DiskStore  # noqa: E402
-from kvboost_rag.core.keys import digest  # noqa: E402
+from kvboost_rag.core.store.disk import DiskStore  # noqa: E402
+from kvboost_rag.core.store.keys import digest  # noqa: E402
 
 DOCS = corpus(12)
 PREFIXES = (None, "Answer from these notes.\n")

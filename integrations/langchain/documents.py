@@ -10,8 +10,8 @@ from langchain_core.documents import Document
 from langchain_core.prompts import BasePromptTemplate, MessagesPlaceholder, PromptTemplate
 from langchain_text_splitters import TextSplitter
 
-from kvboost_rag.core.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR
 from kvboost_rag.core.engine import KVBoost
+from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR
 from kvboost_rag.integrations._common import documents_as_passages, split_into_units
 from kvboost_rag.integrations.langchain.chat import ChatKVBoost
 from kvboost_rag.integrations.langchain.llm import KVBoostLLM

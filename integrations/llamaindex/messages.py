@@ -21,8 +21,8 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms.llm import ToolSelection
 
-from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.core.tools import ToolCall
+from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.tools.formats import ToolCall
 
 
 def engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

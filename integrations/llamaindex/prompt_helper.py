@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from llama_index.core.indices.prompt_helper import DEFAULT_PADDING, PromptHelper
 from llama_index.core.prompts import BasePromptTemplate
 
-from kvboost_rag.core.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR, parse_segments, passage
+from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR, parse_segments, passage
 from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM
 
 

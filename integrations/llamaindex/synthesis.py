@@ -22,8 +22,8 @@ from llama_index.core.response_synthesizers import BaseSynthesizer
 from llama_index.core.schema import NodeWithScore, QueryType
 from llama_index.core.types import RESPONSE_TEXT_TYPE
 
-from kvboost_rag.core.chunker import passage
 from kvboost_rag.core.errors import KVBoostError
+from kvboost_rag.core.prompt.chunker import passage
 from kvboost_rag.integrations.llamaindex.llm import ENGINE_ERRORS, KVBoostLLM
 from kvboost_rag.integrations.llamaindex.prompt_helper import PassagePromptHelper
 

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvboost_rag.core.chunker import TokenizedPrompt
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.result import GenerationResult
-from kvboost_rag.core.sampling import SamplingOptions
-from kvboost_rag.core.streaming import Cancelled
-from kvboost_rag.core.structure import Structure
+from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.generation.streaming import Cancelled
+from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.tools.structure import Structure
 
 SYSTEM = (
     "You answer questions about Paul Graham's essays. Use search_essays to find passages "

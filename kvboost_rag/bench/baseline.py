@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.core.streaming import TokenCollector
+from kvboost_rag.core.generation.streaming import TokenCollector
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ from kvboost_rag.bench.grammars import (
     tool_target,
 )
 from kvboost_rag.bench.metrics import median
-from kvboost_rag.core.decoding import eos_ids
-from kvboost_rag.core.structure import Structure, json_schema
+from kvboost_rag.core.generation.decoding import eos_ids
+from kvboost_rag.core.tools.structure import Structure, json_schema
 
 # Target -> the request whose prompt it is decoded after.
 TOOL_TARGET = tool_target("tool call (4 tools)", [TOOLS[n] for n in TOOL_TASKS[16].tools])

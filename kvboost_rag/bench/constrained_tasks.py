@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvboost_rag.bench.schema_check import Schema, schema_errors
-from kvboost_rag.core.tools import InvalidToolCall, ToolCall, parameters_of, tool_name
+from kvboost_rag.core.tools.formats import InvalidToolCall, ToolCall, parameters_of, tool_name
 
 
 def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvboost_rag.core.chunker import format_passages, split_passage
+from kvboost_rag.core.prompt.chunker import format_passages, split_passage
 from kvboost_rag.essays import essay_texts
 
 NAMES = [

@@ -14,7 +14,7 @@ import torch
 
 from kvboost_rag.bench import faults
 from kvboost_rag.bench.metrics import median
-from kvboost_rag.core.remote import import_redis
+from kvboost_rag.core.store.remote import import_redis
 
 HEADER = (
     f"{'fault':<24}{'raised':>7}{'warned':>7}{'logged':>7}{'served':>8}{'wrong':>6}"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvboost_rag.core.remote import import_redis
+from kvboost_rag.core.store.remote import import_redis
 
 START_SECONDS = 10.0  # how long a server may take to answer PING
 

@@ -17,8 +17,8 @@ import torch
 from kvboost_rag import KVBoost, warm_corpus
 from kvboost_rag.bench.fault_watch import Watch
 from kvboost_rag.bench.faults import MODEL, Lab, engine_config, make_pool
-from kvboost_rag.core import codec
-from kvboost_rag.core.remote import import_redis
+from kvboost_rag.core.store import codec
+from kvboost_rag.core.store.remote import import_redis
 
 WRITERS = 2
 READY = "faults:ready"  # the writers' start line (outside the engine's namespace)

@@ -44,7 +44,7 @@ from kvboost_rag import GenerationResult, KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.bench.corpus import FactPassage, fact_passages, passages
 from kvboost_rag.bench.fault_server import RedisProcess
 from kvboost_rag.bench.fault_watch import Watch, close, row, watching
-from kvboost_rag.core import codec
+from kvboost_rag.core.store import codec
 
 MODEL = "smollm2-135m-instruct"
 NEW_TOKENS = 8

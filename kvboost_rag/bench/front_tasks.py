@@ -26,7 +26,7 @@ from typing import Any
 
 from kvboost_rag.bench import rag
 from kvboost_rag.bench.corpus import SYSTEM_PROMPT, FactPassage, fact_passages, messages_for
-from kvboost_rag.core.chunker import passage
+from kvboost_rag.core.prompt.chunker import passage
 
 Messages = list[dict[str, str]]
 Prompt = str | Messages  # a completion prompt or chat messages, passages marked

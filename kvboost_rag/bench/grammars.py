@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from kvboost_rag.core.structure import BitmaskProcessor, Constrainer, Structure
-from kvboost_rag.core.tools import FORMATS, Tool, call_schema, strict_schema
+from kvboost_rag.core.tools.formats import FORMATS, Tool, call_schema, strict_schema
+from kvboost_rag.core.tools.structure import BitmaskProcessor, Constrainer, Structure
 
 Factory = Callable[[], LogitsProcessor]
 

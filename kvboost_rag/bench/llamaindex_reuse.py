@@ -30,7 +30,7 @@ import torch
 from kvboost_rag import KVBoost, warm_corpus
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.corpus import passages
-from kvboost_rag.core.chunker import CLOSE, OPEN, parse_segments
+from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, parse_segments
 from kvboost_rag.timing import first_token_ms
 
 

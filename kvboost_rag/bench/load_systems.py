@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvboost_rag import KVBoost
-from kvboost_rag.core.chunker import parse_segments
+from kvboost_rag.core.prompt.chunker import parse_segments
 from kvboost_rag.timing import first_token_ms
 
 Messages = list[dict[str, str]]

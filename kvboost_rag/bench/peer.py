@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import GenerationResult, KVBoost, Timings
-from kvboost_rag.core.prompts import Message
+from kvboost_rag.core.prompt.prompts import Message
 
 
 def peer_version() -> str | None:

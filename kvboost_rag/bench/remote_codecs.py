@@ -29,10 +29,10 @@ from kvboost_rag.bench.corpus import FactPassage, messages_for, warm_prefix
 from kvboost_rag.bench.metrics import kl_div, median, p90
 from kvboost_rag.bench.remote_report import note
 from kvboost_rag.bench.remote_server import drop, settle, used_memory
-from kvboost_rag.core import codec
-from kvboost_rag.core.keys import digest
-from kvboost_rag.core.kv import LayerKV, kv_nbytes
-from kvboost_rag.core.passage_encoder import PassageEncoder
+from kvboost_rag.core.model.kv import LayerKV, kv_nbytes
+from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
+from kvboost_rag.core.store import codec
+from kvboost_rag.core.store.keys import digest
 
 NEW_TOKENS = 16
 COST_PASSAGES = 16  # passages whose encode / decode cost is timed per codec

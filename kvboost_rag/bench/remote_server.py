@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag.bench.fault_server import RedisProcess
-from kvboost_rag.core.remote import import_redis
+from kvboost_rag.core.store.remote import import_redis
 
 
 def local_redis() -> RedisProcess:

@@ -36,7 +36,7 @@ from kvboost_rag.bench.corpus import fact_passages, passages, warm_prefix
 from kvboost_rag.bench.memory import PeakMemory
 from kvboost_rag.bench.metrics import median, p90
 from kvboost_rag.bench.report import print_bench
-from kvboost_rag.core.loading import default_device
+from kvboost_rag.core.model.loading import default_device
 
 
 @dataclass(frozen=True)

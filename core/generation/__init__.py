@@ -1,0 +1,1 @@
+"""Running requests: sampling, decoding, streaming and results."""

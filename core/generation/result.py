@@ -1,0 +1,127 @@
+"""What one request returns: the text and an honest account of how it was made."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from kvboost_rag.core.store.disk import DiskStats
+from kvboost_rag.core.store.memory import StoreStats
+from kvboost_rag.core.store.remote import RemoteStats
+from kvboost_rag.core.tools.formats import InvalidToolCall, ToolCall
+
+# "tool_calls": the answer ended after calling tools (a "stop" with calls in it).
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
+
+
+def elapsed_ms(since: float) -> float:
+    """Wall milliseconds since a ``time.perf_counter()`` reading."""
+    return (time.perf_counter() - since) * 1e3
+
+
+@dataclass
+class Timings:
+    """Milliseconds spent in each stage of one request (wall clock)."""
+
+    tokenize_ms: float = 0.0  # prompt parsing and tokenization
+    lookup_ms: float = 0.0  # cache key hashing and lookups
+    encode_ms: float = 0.0  # encoding passages that were not cached yet
+    assemble_ms: float = 0.0  # building the model's cache from stored KV (with re-rotation)
+    repair_ms: float = 0.0  # selective recompute, fixed text and the question's tokens
+    prefill_ms: float = 0.0  # the remaining forward pass, up to the first token
+    decode_ms: float = 0.0  # every token after the first
+    store_ms: float = 0.0  # saving new KV for later requests (after the answer)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in asdict(self).items()}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Adds the wall time of the ``with`` block to ``{name}_ms``."""
+        attr = f"{name}_ms"
+        assert hasattr(self, attr), f"no stage {name!r}"
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, attr, getattr(self, attr) + elapsed_ms(start))
+
+
+@dataclass
+class GenerationResult:
+    """One completed request.
+
+    ``ttft_ms`` is wall time from the call to the first generated token, everything included.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose KV came from a cache
+    recomputed_tokens: int  # prompt tokens whose KV was computed for this request
+    ttft_ms: float
+    total_ms: float
+    timings: Timings = field(default_factory=Timings)
+    passages_hit: int = 0  # passages whose KV came from the passage cache
+    passages_missed: int = 0  # passages encoded for this request (and now cached)
+    # Of the hits, passages whose KV was encoded after another prompt prefix than this
+    # one's (the "nearest" fallback): close to, not equal to, what the prompt's own prefix
+    # gives. Warm with prefix= to make it 0.
+    passages_foreign: int = 0
+    # Calls the answer made when tools were offered (``text`` is then the content outside
+    # them), and output that looked like a call but could not be read as one.
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+
+    @property
+    def kv_reuse_ratio(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    """What one warm call did: ``warm(text)`` (a prefix), ``warm_passages(texts)`` or
+    ``warm_corpus(documents)`` (passages)."""
+
+    documents: int  # texts given
+    units: int  # cache entries they make: passage pieces, or prefix blocks
+    tokens: int  # tokens in those units
+    cached: int  # units already cached (memory or disk) before this call
+    new: int  # units computed and stored by this call
+    bytes: int  # KV bytes of all the units
+    seconds: float  # wall time of the call (on disk too, when the engine has a cache_dir)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """All tokens (cached ones included) over the wall time."""
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    cache: StoreStats  # the memory tier: size, entries, hits, misses, evictions
+    disk: DiskStats | None  # the disk tier (None without cache_dir)
+    requests: int  # completed generate/chat/stream calls
+    prompt_tokens: int  # summed over requests
+    reused_tokens: int  # prompt tokens served from cache, summed over requests
+    remote: RemoteStats | None = None  # the shared tier (None without remote_url)
+    # Decoding steps of the model's batcher (shared by engines on one model): how many,
+    # and how many requests they decoded in all and at most at once.
+    batch: BatchStats | None = None
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    steps: int  # forwards over the batch
+    rows: int  # request-steps decoded in them (rows / steps: the mean batch)
+    peak: int  # the most requests decoded in one step
+    seconds: float = 0.0  # spent in steps (forward and token choice): rows / seconds is
+    # the batch's decoding throughput in tokens/s

@@ -1,0 +1,1 @@
+"""The model: loading, its structure, fingerprint, RoPE and KV tensors."""

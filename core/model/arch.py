@@ -1,0 +1,193 @@
+"""What the engine must know about a model's structure, read once when an engine starts.
+
+Decoder layers and their attention modules, the RoPE each layer's keys carry, the layers
+that attend through a sliding window, and from these the one decision made here and
+nowhere else: may cached passages move to new positions (passage reuse), or does the
+engine keep to exact prefix reuse, and why.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+from kvboost_rag.core.errors import UnsupportedModelError
+from kvboost_rag.core.model.kv import layer_kv, to_cache
+from kvboost_rag.core.model.rope import Rotary, rerotate, rotary_embedding, rotations
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+# Layer types whose cache is per-position attention KV; any other (linear attention, conv
+# states, KV shared from another layer) cannot be sliced by position, even for prefix reuse.
+KV_LAYER_TYPES = frozenset({FULL, SLIDING, "chunked_attention"})
+# Rope variants that rescale their frequencies with the sequence length: a key's rotation
+# then depends on the whole prompt's length, not only on its own position.
+LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+# The rotation probe (``rotation_errors``): relative error allowed per dtype. Measured on
+# SmolLM2-135M and Gemma 3 270M: fp32 ~3e-7, fp16 ~6e-4, bf16 ~3e-3; one rotation for all of
+# Gemma 3's layers (a wrong base for its local layers) gives 0.94.
+PROBE_TOKENS, PROBE_SHIFT = 8, 61
+PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+HALF_PROBE_TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class ModelSupport:
+    layers: tuple[Any, ...]  # decoder layers, in order (empty where they were not found)
+    attention: tuple[Any, ...]  # each layer's self-attention module
+    layer_types: tuple[str, ...]  # per layer, transformers' cache type ("full_attention", ...)
+    sliding_window: int | None  # positions a sliding layer sees, itself included
+    rotaries: tuple[Rotary | None, ...]  # per layer, the RoPE its keys carry (None: none)
+    passage_reuse: bool  # cached passages may move to new positions
+    reason: str | None  # why passage reuse is off, when it is
+
+    def attention_masks(
+        self, build: Callable[[int | None], torch.Tensor]
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """A custom 4D attention mask as the model's forward takes it. ``build(window)``
+        makes it for full attention (None) or for a sliding window of that many positions;
+        models that mix both (Gemma 2/3, Qwen2) take one mask per layer type."""
+        if SLIDING not in self.layer_types:
+            return build(None)
+        if FULL not in self.layer_types:
+            return build(self.sliding_window)
+        return {FULL: build(None), SLIDING: build(self.sliding_window)}
+
+
+_GUARD = threading.Lock()
+_KNOWN: weakref.WeakKeyDictionary[Any, ModelSupport] = weakref.WeakKeyDictionary()
+
+
+def model_support(model: Any) -> ModelSupport:
+    """The structure of ``model``, inspected (and its rotation probed) once per model object.
+
+    Raises ``UnsupportedModelError`` for models whose cache is not attention KV.
+    """
+    with _GUARD:
+        support = _KNOWN.get(model)
+        if support is None:
+            support = _KNOWN[model] = inspect_model(model)
+        return support
+
+
+def inspect_model(model: Any) -> ModelSupport:
+    name = type(model).__name__
+    config = model.config.get_text_config(decoder=True)
+    layer_types, kwargs = get_layer_types_and_kwargs(config)
+    if not set(layer_types) <= KV_LAYER_TYPES:
+        raise UnsupportedModelError(
+            f"{name} has {sorted(set(layer_types) - KV_LAYER_TYPES)} layers; kvboost-rag "
+            f"reuses attention KV by position and supports {sorted(KV_LAYER_TYPES)} layers"
+        )
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = tuple(getattr(decoder, "layers", ()))
+    windows = {kw["sliding_window"] for kw in kwargs if "sliding_window" in kw}
+    support = ModelSupport(
+        layers=layers,
+        attention=tuple(getattr(layer, "self_attn", None) for layer in layers),
+        layer_types=tuple(layer_types),
+        sliding_window=min(windows) if windows else None,
+        rotaries=_rotaries(decoder, config, layer_types),
+        passage_reuse=False,
+        reason=None,
+    )
+    reason = _refusal(name, support, windows) or _probe(model, support)
+    return replace(support, passage_reuse=reason is None, reason=reason)
+
+
+def _rotaries(decoder: Any, config: Any, layer_types: list[str]) -> tuple[Rotary | None, ...]:
+    module = rotary_embedding(decoder)
+    if module is None:
+        return (None,) * len(layer_types)
+    # One module holding a base per layer type takes the type as an argument (Gemma 3).
+    per_type = "layer_type" in inspect.signature(module.forward).parameters
+    # SmolLM3-style NoPE layers: 0 marks a layer whose keys carry no position at all.
+    uses_rope = getattr(config, "no_rope_layers", None) or [1] * len(layer_types)
+    return tuple(
+        Rotary(module, kind if per_type else None) if use else None
+        for kind, use in zip(layer_types, uses_rope)
+    )
+
+
+def _refusal(name: str, support: ModelSupport, windows: set[int]) -> str | None:
+    """Why passage reuse cannot work on this structure, or None."""
+    if all(rotary is None for rotary in support.rotaries):
+        return (
+            f"{name} has no rotary position embedding, so cached passages cannot move "
+            "to new positions"
+        )
+    if not support.layers or any(attn is None for attn in support.attention):
+        return f"{name}: no decoder layers with a self_attn module found to repair passages"
+    length_dependent = {r.rope_type for r in support.rotaries if r} & LENGTH_DEPENDENT_ROPE
+    if length_dependent:
+        return (
+            f"{name} uses {sorted(length_dependent)} RoPE, whose rotation depends on the "
+            "prompt's length, so cached keys cannot be moved by a rotation"
+        )
+    if "chunked_attention" in support.layer_types or len(windows) > 1:
+        return f"{name} mixes attention windows the repair pass cannot mask"
+    return None
+
+
+def _probe(model: Any, support: ModelSupport) -> str | None:
+    tolerance = PROBE_TOLERANCE.get(model.dtype, HALF_PROBE_TOLERANCE)
+    for layer, error in enumerate(rotation_errors(model, support)):
+        if error > tolerance:
+            return (
+                f"{type(model).__name__}: keys of layer {layer} re-rotated to a new "
+                f"position differ from a fresh encode there (relative error {error:.2g})"
+            )
+    return None
+
+
+def rotation_errors(model: Any, support: ModelSupport) -> list[float]:
+    """Per layer, how far keys encoded at position 0 and re-rotated by ``PROBE_SHIFT`` are
+    from the same tokens encoded there (relative norm). This catches RoPE layouts the
+    structure does not show (interleaved pairs, ...). Each attention layer of the shifted
+    pass is fed the input it had in the first pass, so keys differ by the rotation alone:
+    bf16 drift through depth (0.5 by layer 12 of SmolLM2) is not taken for a wrong one."""
+    device = model.device
+    ids = torch.arange(3, 3 + PROBE_TOKENS, device=device)[None] % model.config.vocab_size
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [
+        attn.register_forward_pre_hook(_same_input(inputs, i), with_kwargs=True)
+        for i, attn in enumerate(support.attention)
+    ]
+    keys = []
+    try:
+        with torch.inference_mode():
+            for start in (0, PROBE_SHIFT):
+                cache = to_cache([], model.config)
+                positions = torch.arange(start, start + PROBE_TOKENS, device=device)[None]
+                model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
+                keys.append([k.float() for k, _ in layer_kv(cache)])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    rots = rotations(PROBE_SHIFT, support.rotaries, keys[0][0])
+    return [
+        float((rerotate(moved, rot) - fresh).norm() / fresh.norm().clamp_min(1e-12))
+        for moved, fresh, rot in zip(keys[0], keys[1], rots)
+    ]
+
+
+def _same_input(inputs: dict[int, torch.Tensor], index: int) -> Callable[..., Any]:
+    """A pre-hook that records the attention input of the first pass and replays it after."""
+
+    def hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        positional = "hidden_states" not in kwargs
+        hidden = args[0] if positional else kwargs["hidden_states"]
+        if index not in inputs:
+            inputs[index] = hidden
+            return None
+        if positional:
+            return (inputs[index], *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": inputs[index]}
+
+    return hook

@@ -1,0 +1,161 @@
+"""Passage cache: each passage's KV computed once after a prefix and reused at any position.
+
+A passage is encoded with a *prefix* as its past: the prompt's own text before its first
+passage (chat head, system prompt, user header), or a short anchor (BOS) where there is
+none. The prefix conditions the passage's KV, so the key folds it in: one variant of a
+passage per prefix. Its canonical position is ``len(prefix)``.
+
+A prompt whose prefix holds no variant of a passage may use the variant of another known
+prefix (the one sharing the most leading tokens): close, not equal, and reported as
+foreign. Known prefixes are those this cache warmed, encoded under or served, newest first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
+from kvboost_rag.core.reuse.prefix import common_prefix
+from kvboost_rag.core.store.keys import digest, token_bytes
+from kvboost_rag.core.store.tiers import TieredStore
+
+# Prefixes remembered for the fallback; an app has a few layouts, a question-first
+# template one prefix per request, so old ones age out.
+KNOWN_PREFIXES = 64
+
+
+class Prefix(NamedTuple):
+    """What passages are encoded after."""
+
+    tokens: tuple[int, ...]
+    key: bytes  # folds in the model fingerprint and the tokens
+
+
+class PassageLookup(NamedTuple):
+    kv: list[LayerKV]  # per passage, from its stored position len(source.tokens)
+    sources: list[Prefix]  # per passage, the prefix its KV was encoded after
+    hits: int
+    misses: int
+    encode_ms: float  # time spent encoding the misses
+
+
+class PassageCache:
+    def __init__(
+        self,
+        store: TieredStore,
+        encoder: PassageEncoder,
+        fingerprint: bytes,
+        anchor: list[int],
+        nearest: bool,
+    ) -> None:
+        self.store = store
+        self.encoder = encoder
+        self.anchor = tuple(anchor)  # the prefix of passages that have none in their prompt
+        self.nearest = nearest  # whether a foreign prefix's variant may serve a passage
+        self._root = digest(b"passage-root", fingerprint)
+        self._known: OrderedDict[bytes, Prefix] = OrderedDict()
+        self._served: dict[bytes, int] = {}  # prompts located per known prefix
+
+    def prefix(self, tokens: Sequence[int]) -> Prefix:
+        """The prefix passages following ``tokens`` are encoded after (the anchor when empty)."""
+        tokens = tuple(tokens) or self.anchor
+        return Prefix(tokens, digest(b"passage-prefix", self._root, token_bytes(tokens)))
+
+    def key(self, prefix: Prefix, tokens: Sequence[int]) -> bytes:
+        return digest(b"passage", prefix.key, token_bytes(tokens))
+
+    def __contains__(self, item: tuple[Prefix, Sequence[int]]) -> bool:
+        """Whether a (prefix, passage) variant is stored (reads no KV; it may still be
+        evicted before use)."""
+        return self.key(*item) in self.store
+
+    def locator(self, prefix: Prefix) -> Callable[[Sequence[int]], Prefix | None]:
+        """For a prompt with ``prefix``: a function from a passage to the prefix whose
+        stored variant serves it (``prefix`` itself first; with ``nearest``, else the
+        known prefix sharing the most leading tokens), None when none is stored."""
+        self._remember(prefix)
+        self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
+        others: list[Prefix] = []  # ranked on the first miss only: a warmed layout never is
+
+        def locate(tokens: Sequence[int]) -> Prefix | None:
+            if (prefix, tokens) in self:
+                return prefix
+            if self.nearest and not others:
+                others.extend(self._by_closeness(prefix))
+            for candidate in others if self.nearest else []:
+                if (candidate, tokens) in self:
+                    self._remember(candidate)
+                    return candidate
+            return None
+
+        return locate
+
+    def recurring(self, prefix: Prefix) -> bool:
+        """Whether more than one prompt with ``prefix`` was located: a layout that comes
+        back, worth encoding its own variants for (a per-request prefix is not)."""
+        return self._served.get(prefix.key, 0) > 1
+
+    def cached(
+        self, sources: Sequence[Prefix | None], passages: Sequence[Sequence[int]]
+    ) -> list[LayerKV | None]:
+        """Stored KV of each passage under its source prefix, None where there is none."""
+        return [
+            None if source is None else self._get(source, tokens)
+            for source, tokens in zip(sources, passages)
+        ]
+
+    def fetch(
+        self,
+        prefix: Prefix,
+        passages: Sequence[Sequence[int]],
+        sources: Sequence[Prefix | None] | None = None,
+        known: Sequence[LayerKV | None] | None = None,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> PassageLookup:
+        """KV of every passage: from its source variant when stored (``sources`` default to
+        ``prefix``; ``known`` is a prior ``cached()`` answer), the rest encoded after
+        ``prefix`` in batches and stored. Duplicates in one request are encoded once."""
+        self._remember(prefix)
+        sources = [prefix] * len(passages) if sources is None else sources
+        known = self.cached(sources, passages) if known is None else known
+        missing: dict[tuple[int, ...], list[int]] = {}
+        for i, (tokens, kv) in enumerate(zip(passages, known)):
+            if kv is None:
+                missing.setdefault(tuple(tokens), []).append(i)
+        kvs = list(known)
+        used = [prefix if kv is None else source for kv, source in zip(known, sources)]
+        start = time.perf_counter()
+        unique = list(missing)
+        # Store each batch as it is encoded: its disk writes overlap the next batch.
+        for i, kv in self.encoder.encode(prefix.tokens, unique, batch_size):
+            key, tokens = self.key(prefix, unique[i]), prefix.tokens + unique[i]
+            self.store.put(key, tokens, kv, persist=True, approximate=True)
+            for j in missing[unique[i]]:
+                kvs[j] = kv
+            if progress is not None:
+                progress(1)
+        encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
+        hits = sum(kv is not None for kv in known)
+        return PassageLookup(kvs, used, hits, len(passages) - hits, encode_ms)  # type: ignore[arg-type]
+
+    def _get(self, prefix: Prefix, tokens: Sequence[int]) -> LayerKV | None:
+        entry = self.store.get(self.key(prefix, tokens), prefix.tokens + tuple(tokens))
+        return None if entry is None else entry.kv
+
+    def _remember(self, prefix: Prefix) -> None:
+        self._known[prefix.key] = prefix
+        self._known.move_to_end(prefix.key)
+        while len(self._known) > KNOWN_PREFIXES:
+            old, _ = self._known.popitem(last=False)
+            self._served.pop(old, None)
+
+    def _by_closeness(self, prefix: Prefix) -> list[Prefix]:
+        """Known prefixes other than ``prefix``: most shared leading tokens first, then
+        the most recently used."""
+        newest_first = [p for p in reversed(self._known.values()) if p.key != prefix.key]
+        return sorted(newest_first, key=lambda p: -common_prefix(p.tokens, prefix.tokens))

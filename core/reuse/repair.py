@@ -1,0 +1,228 @@
+"""Selective recompute: repair reused KV by one forward pass over a few chosen tokens.
+
+Chosen tokens are appended after the assembled cache with a 4D mask: the token at position
+p sees every non-chosen cached position < p and the chosen tokens at positions <= p. Their
+fresh KV is then scattered into place. With every token chosen this is a full prefill.
+
+Strategies choose which reused tokens to recompute; tokens that were never cached (fixed
+text, the question) are always computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from kvboost_rag.core.model.arch import model_support
+from kvboost_rag.core.model.kv import LayerKV, head, layer_kv, place_fresh, to_cache
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """Inputs a strategy may look at."""
+
+    tokens: list[int]  # the whole prompt
+    length: int  # positions [0, length) get KV; the rest is fed to generate
+    exact: int  # positions [0, exact) hold exact KV and are never recomputed
+    spans: list[tuple[int, int]]  # reused passage spans, [start, end)
+    assembled: LayerKV  # KV for [0, length), placeholders at fresh positions
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    strategy: str  # a key of STRATEGIES
+    edge_tokens: int  # "edges": first tokens of each reused passage
+    recompute_ratio: float  # "deviation": share of reused tokens recomputed
+    probe_layers: int | None  # "deviation" / "query": decoder layers run to choose tokens
+    # (None: deviation 2, query all; capped at the model's depth)
+
+
+Strategy = Callable[[RepairPlan, RepairSettings, Any], list[int]]
+
+
+def choose_none(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    return []
+
+
+def choose_edges(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """The first tokens of each passage: encoded at the start of their own sequence they
+    act as attention sinks, which they are not once placed mid-prompt (EPIC)."""
+    return [
+        p for start, end in plan.spans for p in range(start, min(end, start + settings.edge_tokens))
+    ]
+
+
+def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Run the first layers over every token with full attention; recompute the reused
+    tokens whose KV deviates most from the cached KV (CacheBlend)."""
+    reused = [p for start, end in plan.spans for p in range(start, end)]
+    count = int(round(settings.recompute_ratio * len(reused)))
+    if not count:
+        return []
+    layers = min(settings.probe_layers or 2, len(model_support(model).layers))
+    fresh = probe_kv(model, plan, layers)
+    layer = layers - 1
+    index = torch.tensor(reused, device=fresh[0].device)
+    cached_k, cached_v = (t.index_select(-2, index).float() for t in plan.assembled[layer])
+    fresh_k, fresh_v = (t.index_select(-2, index - plan.exact).float() for t in fresh)
+    deviation = ((cached_k - fresh_k).norm(dim=-1) + (cached_v - fresh_v).norm(dim=-1)).sum(
+        dim=(0, 1)
+    )
+    top = deviation.topk(count).indices
+    return [reused[i] for i in top.tolist()]
+
+
+def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Recompute the reused tokens the question attends to most (ProphetKV): those are the
+    ones the answer is read from. The question is run over the first ``probe_layers``."""
+    reused = [p for start, end in plan.spans for p in range(start, end)]
+    count = int(round(settings.recompute_ratio * len(reused)))
+    if not count:
+        return []
+    depth = len(model_support(model).layers)
+    score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
+    top = score[torch.tensor(reused, device=score.device)].topk(count).indices
+    return [reused[i] for i in top.tolist()]
+
+
+def choose_passages(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Whole passages, those whose tokens the question attends to most on average, up to
+    ``recompute_ratio`` of the reused tokens (at least one passage): the passage holding
+    the answer then sees its neighbours as in a full prefill."""
+    reused = sum(end - start for start, end in plan.spans)
+    budget = settings.recompute_ratio * reused
+    if not budget:
+        return []
+    depth = len(model_support(model).layers)
+    score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
+    ranked = sorted(plan.spans, key=lambda span: -float(score[span[0] : span[1]].mean()))
+    chosen: list[int] = []
+    for start, end in ranked:
+        if chosen and len(chosen) + end - start > budget:
+            break
+        chosen.extend(range(start, end))
+    return chosen
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "none": choose_none,
+    "edges": choose_edges,
+    "deviation": choose_deviation,
+    "query": choose_query,
+    "passage": choose_passages,
+}
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown repair strategy {name!r}; choose one of {sorted(STRATEGIES)}"
+        ) from None
+
+
+class _ProbeDone(Exception):
+    pass
+
+
+@contextmanager
+def _first_layers(model: Any, layers: int) -> Iterator[None]:
+    """Run only the first ``layers`` decoder layers of the next forward pass."""
+    blocks = model_support(model).layers
+    if layers >= len(blocks):
+        yield
+        return
+
+    def stop(*_: object) -> None:
+        raise _ProbeDone
+
+    handle = blocks[layers - 1].register_forward_hook(stop)
+    try:
+        yield
+    except _ProbeDone:
+        pass
+    finally:
+        handle.remove()
+
+
+def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh (keys, values) of layer ``layers - 1`` for positions [exact, length), computed
+    with full attention over the exact prefix; the forward stops after that layer."""
+    cache = to_cache(head(plan.assembled, plan.exact), model.config)
+    ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
+    with _first_layers(model, layers):
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    keys, values = layer_kv(cache)[layers - 1]
+    return keys[:, :, plan.exact :], values[:, :, plan.exact :]
+
+
+def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tensor:
+    """Attention the question's tokens (everything after the last passage) pay to each
+    earlier position over the unrepaired cache, summed over the first ``layers`` layers,
+    heads and question tokens."""
+    tail = max(end for _, end in plan.spans)
+    cache = to_cache(head(plan.assembled, tail), model.config)
+    ids = torch.tensor([plan.tokens[tail : plan.length + 1]], device=model.device)
+    positions = torch.arange(tail, plan.length + 1, device=model.device)[None]
+    score = torch.zeros(tail, device=model.device)
+
+    def collect(module: Any, args: Any, output: Any) -> None:
+        score.add_(output[1][0, :, :, :tail].float().sum(dim=(0, 1)))
+
+    attention = model_support(model).attention[:layers]
+    hooks = [attn.register_forward_hook(collect) for attn in attention]
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # the only implementation that returns weights
+    try:
+        with _first_layers(model, layers):
+            model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
+    finally:
+        model.set_attn_implementation(previous)
+        for hook in hooks:
+            hook.remove()
+    return score
+
+
+def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """A cache for every prompt position, fresh KV at ``chosen`` positions (sorted, unique,
+    within [0, length)) and at the last prompt token (position ``length``), whose logits
+    are returned: the repair pass is also the prefill of the first generated token."""
+    cache = to_cache(plan.assembled, model.config)
+    n, device = plan.length, model.device
+    positions = torch.tensor([*chosen, n], device=device)
+    ids = torch.tensor([[plan.tokens[p] for p in positions.tolist()]], device=device)
+    out = model(
+        input_ids=ids,
+        position_ids=positions[None],
+        cache=cache,
+        use_cache=True,
+        attention_mask=model_support(model).attention_masks(
+            lambda window: _mask(positions, n, model.dtype, window)
+        ),
+        logits_to_keep=1,
+    )
+    place_fresh(cache, positions, n)
+    return cache, out.logits[0, -1]
+
+
+def _mask(positions: torch.Tensor, n: int, dtype: torch.dtype, window: int | None) -> torch.Tensor:
+    """Query i (at positions[i]) sees cached positions < positions[i] that are not being
+    recomputed, and recomputed positions <= positions[i]; with a sliding ``window``, only
+    those within its last ``window`` positions."""
+    chosen = torch.zeros(n + 1, dtype=torch.bool, device=positions.device)
+    chosen[positions] = True
+    cached = (torch.arange(n, device=positions.device)[None, :] < positions[:, None]) & ~chosen[:n]
+    fresh = positions[None, :] <= positions[:, None]
+    allowed = torch.cat([cached, fresh], dim=1)
+    if window is not None:
+        seen = torch.cat([torch.arange(n, device=positions.device), positions])
+        allowed &= seen[None, :] > positions[:, None] - window
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]

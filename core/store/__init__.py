@@ -1,0 +1,1 @@
+"""Where KV lives: memory, disk and shared (Redis) tiers, their codecs and keys."""

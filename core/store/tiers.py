@@ -1,0 +1,114 @@
+"""Memory, then disk, then the shared Redis tier: hits promote upward, memory evictions
+spill to disk, passages are written through to disk, and passages and exact prefix blocks
+are written through to the shared tier (in the background), so a corpus warmed on one
+machine serves every other. Session KV stays local."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.store.disk import DiskStats, DiskStore
+from kvboost_rag.core.store.memory import Entry, MemoryStore, StoreStats
+from kvboost_rag.core.store.remote import RemoteStats, RemoteStore
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    memory: StoreStats
+    disk: DiskStats | None  # None without a cache_dir
+    remote: RemoteStats | None  # None without a remote_url
+
+
+class TieredStore:
+    """The store the caches use. Same interface as ``MemoryStore`` plus ``persist``."""
+
+    def __init__(
+        self, max_bytes: int, disk: DiskStore | None, remote: RemoteStore | None = None
+    ) -> None:
+        self.disk = disk
+        self.remote = remote
+        self.memory = MemoryStore(max_bytes, on_evict=self._spill if disk else None)
+
+    def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
+        entry = self.memory.get(key, tokens)
+        if entry is not None:
+            return entry
+        if self.disk is not None and (entry := self.disk.get(key, tokens)) is not None:
+            self.memory.put(key, entry.tokens, entry.kv, entry.approximate)
+            return entry
+        if self.remote is not None and (entry := self.remote.get(key, tokens)) is not None:
+            self.memory.put(key, entry.tokens, entry.kv, entry.approximate)
+            if self.disk is not None:
+                self.disk.put_later(key, entry.tokens, entry.kv, entry.approximate)
+        return entry
+
+    def __contains__(self, key: bytes) -> bool:
+        return (
+            key in self.memory
+            or (self.disk is not None and key in self.disk)
+            or (self.remote is not None and key in self.remote)
+        )
+
+    def put(
+        self,
+        key: bytes,
+        tokens: tuple[int, ...],
+        kv: LayerKV,
+        persist: bool = False,
+        approximate: bool = False,
+        share: bool = True,
+    ) -> bool:
+        """Store in memory and (in the background) the shared tier; with ``persist`` also
+        on disk now (not only when evicted). ``approximate``: passage or session KV, which
+        the lower tiers may store under a lossy codec. ``share=False`` keeps it out of the
+        shared tier."""
+        if persist and self.disk is not None and key not in self.disk:
+            self.disk.put_later(key, tokens, kv, approximate)
+        if share and self.remote is not None:
+            self.remote.put_later(key, tokens, kv, approximate)
+        return self.memory.put(key, tokens, kv, approximate)
+
+    def flush(self) -> None:
+        """Wait until queued disk and shared-tier writes are made; raises a failed disk write."""
+        if self.remote is not None:
+            self.remote.flush()
+        if self.disk is not None:
+            self.disk.flush()
+
+    def clear(self) -> None:
+        """Empty the memory tier; the disk and shared tiers are persistent by design."""
+        self.memory.clear()
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            self.memory.stats(),
+            self.disk.stats() if self.disk else None,
+            self.remote.stats() if self.remote else None,
+        )
+
+    def _spill(self, key: bytes, entry: Entry) -> None:
+        assert self.disk is not None
+        if key not in self.disk:  # a failed write must not fail the request evicting it
+            self.disk.put_or_report(key, entry.tokens, entry.kv, entry.approximate)
+
+
+def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:
+    """The tiers ``config`` asks for, keyed by the model's ``fingerprint``."""
+    disk = remote = None
+    secret = config.secret()
+    if config.cache_dir is not None:
+        disk = DiskStore(
+            config.cache_dir, fingerprint, config.max_disk_bytes, config.kv_codec, secret
+        )
+    if config.remote_url is not None:
+        remote = RemoteStore(
+            config.remote_url,
+            fingerprint,
+            namespace=config.remote_namespace,
+            timeout=config.remote_timeout,
+            kv_codec=config.kv_codec,
+            secret=secret,
+        )
+    return TieredStore(config.max_cache_bytes, disk, remote)

@@ -1,0 +1,1 @@
+"""Tool calls and structured answers: formats, chat rendering and constrained decoding."""

@@ -1,0 +1,210 @@
+"""What a request asks of the answer's form (tools it may call, a JSON shape), and the
+constrained decoding that makes the answer take that form.
+
+Constraints are llguidance grammars applied as a transformers logits processor: the same
+processor masks the first token (picked from the repair pass's logits on the reused-KV path)
+and every token ``generate`` produces after it. llguidance was chosen by measurement
+against outlines-core and lm-format-enforcer (``python -m kvboost_rag.bench.constrained``).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import LogitsProcessor
+
+from kvboost_rag.core.tools.formats import (
+    CANONICAL_JSON,
+    FORMATS,
+    Parsed,
+    Tool,
+    ToolFormat,
+    strict_schema,
+    tool_name,
+)
+from kvboost_rag.core.tools.template import check_tools
+
+TOOL_CHOICES = ("auto", "required", "none")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Tools offered and how they may be used, or a JSON answer format; empty by default
+    (plain text). ``tool_choice``: "auto" (text or calls), "required" (calls only), "none"
+    (text only: calls are not parsed) or a tool's name (exactly that tool).
+    ``response_format``: ``{"type": "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"schema": {...}}}``. ``constrain``: decode under a grammar.
+    ``parallel``: several calls in one answer (else the grammar ends it after one)."""
+
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
+    response_format: Mapping[str, Any] | None = None
+    constrain: bool = True
+    fmt: ToolFormat = field(default_factory=lambda: FORMATS["hermes"])
+    parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for name, flag in (("constrain", self.constrain), ("parallel_tool_calls", self.parallel)):
+            if not isinstance(flag, bool):  # "no" would read as True
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        names = check_tools(self.tools)
+        choice = self.tool_choice
+        if choice not in TOOL_CHOICES and choice not in names:
+            raise ValueError(
+                f"tool_choice must be one of {TOOL_CHOICES} or a tool's name {names}, got "
+                f"{choice!r}"
+            )
+        if not self.tools and (choice != "auto" or self.parallel):
+            raise ValueError("tool_choice and parallel_tool_calls need tools=")
+        if self.response_format is not None:
+            if self.tools:
+                raise ValueError("pass tools= or response_format=, not both")
+            json_schema(self.response_format)  # validates
+
+    @property
+    def names(self) -> list[str]:
+        return [tool_name(t) for t in self.tools]
+
+    @property
+    def calls_parsed(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def grammar(self) -> str | None:
+        """The llguidance grammar decoding follows; None when unconstrained."""
+        if not self.constrain:
+            return None
+        if self.response_format is not None:
+            from llguidance import LLMatcher
+
+            schema = strict_schema(json_schema(self.response_format))
+            return LLMatcher.grammar_from_json_schema(schema, defaults=CANONICAL_JSON)
+        if not self.calls_parsed:
+            return None
+        if self.tool_choice == "auto":
+            return self.fmt.grammar(self.tools, False, self.parallel)
+        chosen = [t for t in self.tools if tool_name(t) == self.tool_choice] or self.tools
+        return self.fmt.grammar(chosen, True, self.parallel)
+
+    def parse(self, text: str) -> Parsed:
+        if not self.calls_parsed:
+            return Parsed(text, [], [])
+        return self.fmt.parse(text, self.names)
+
+    def visible(self, text: str) -> str:
+        """What of a growing answer may be streamed as content."""
+        return self.fmt.visible(text) if self.calls_parsed else text
+
+
+def json_schema(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema a ``response_format`` asks for (``{"type": "object"}`` for JSON mode)."""
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        inner = response_format.get("json_schema") or {}
+        schema = inner.get("schema") if isinstance(inner, Mapping) else None
+        if isinstance(schema, Mapping):
+            return dict(schema)
+    raise ValueError(
+        "response_format must be {'type': 'json_object'} or {'type': 'json_schema', "
+        f"'json_schema': {{'schema': {{...}}}}}}, got {response_format!r}"
+    )
+
+
+class BitmaskProcessor(LogitsProcessor):
+    """Masks every token a matcher does not allow next. Stateful: it feeds the matcher
+    the tokens generated since its first call (that call's length is the prompt), so it
+    serves one request, first token and ``generate`` alike. Subclasses say how a token
+    is consumed and where the allowed-token bitmask (32-bit words, little-endian) is."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab = vocab_size
+        self._start: int | None = None
+        self._consumed = 0
+
+    def consume(self, token: int) -> None:
+        raise NotImplementedError
+
+    def bitmask(self) -> np.ndarray:
+        """The allowed next tokens as packed bits, in a uint8 array."""
+        raise NotImplementedError
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        ids = input_ids[0].tolist()
+        if self._start is None:
+            self._start = len(ids)
+        for token in ids[self._start + self._consumed :]:
+            self.consume(token)
+            self._consumed += 1
+        allowed = np.unpackbits(self.bitmask(), bitorder="little")[: self._vocab].astype(bool)
+        mask = torch.ones(scores.shape[-1], dtype=torch.bool)
+        mask[: allowed.size] = ~torch.from_numpy(allowed)
+        return scores.masked_fill(mask.to(scores.device), float("-inf"))
+
+
+class GrammarProcessor(BitmaskProcessor):
+    """An llguidance ``LLMatcher`` as a logits processor."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        super().__init__(vocab_size)
+        self.matcher = matcher
+
+    def consume(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+    def bitmask(self) -> np.ndarray:
+        if self.matcher.is_error():
+            raise RuntimeError(f"constrained decoding failed: {self.matcher.get_error()}")
+        return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+
+
+class Constrainer:
+    """Builds grammar processors for one tokenizer (its llguidance view is built once)."""
+
+    def __init__(self, tokenizer: Any, eos: Sequence[int]) -> None:
+        self._hf = tokenizer
+        self._eos = list(eos)
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def processor(self, grammar: str) -> GrammarProcessor:
+        """A fresh processor for ``grammar``; ``ValueError`` when llguidance rejects it."""
+        from llguidance import LLMatcher
+
+        tokenizer = self._llg_tokenizer()
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"cannot constrain decoding to this format: {matcher.get_error()}")
+        return GrammarProcessor(matcher, tokenizer.vocab_size)
+
+    def _llg_tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = _shared_tokenizer(self._hf, tuple(self._eos))
+            return self._tokenizer
+
+
+_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _shared_tokenizer(hf_tokenizer: Any, eos: tuple[int, ...]) -> Any:
+    """llguidance's view of a HF fast tokenizer (about 0.4 s to build, so one per
+    tokenizer)."""
+    try:
+        import llguidance.hf
+    except ImportError as error:  # pragma: no cover - llguidance is a dependency
+        raise ImportError(
+            "constrained decoding needs llguidance: pip install llguidance"
+        ) from error
+    views = _TOKENIZERS.setdefault(hf_tokenizer, {})
+    if eos not in views:
+        views[eos] = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=list(eos))
+    return views[eos]

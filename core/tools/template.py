@@ -1,0 +1,137 @@
+"""Chat messages with tools through the tokenizer's chat template, or a documented fallback.
+
+A template that renders ``tools=`` gets them there; one that does not (SmolLM2's, Llama 2's)
+gets them in the system message, with the format's instructions. Assistant ``tool_calls``
+and ``tool`` results are passed to templates that render them, else written as text in the
+format the model is asked to use: calls as the format writes them, results in
+``<tool_response>`` tags of a user turn. Rendering is deterministic, so each agent step's
+prompt extends the previous one token for token and its KV is read from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvboost_rag.core.tools.formats import Tool, ToolCall, ToolFormat, function_of
+
+FALLBACK_INSTRUCTIONS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+JSON_INSTRUCTIONS = (
+    "# Tools\n\nYou may call one of these functions to assist with the user query:\n"
+    "{tools}\n\nTo call one, answer with only a JSON object: "
+    '{{"name": <function-name>, "{key}": <args-json-object>}}'
+)
+
+
+@dataclass(frozen=True)
+class TemplateSupport:
+    """What a chat template renders itself, read from its source."""
+
+    tools: bool
+    tool_calls: bool
+    tool_role: bool
+
+    @classmethod
+    def of(cls, template: str | None) -> TemplateSupport:
+        source = template or ""
+        return cls(
+            tools="tools" in source,
+            tool_calls="tool_calls" in source,
+            tool_role="'tool'" in source or '"tool"' in source,
+        )
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Tool],
+    fmt: ToolFormat,
+) -> str:
+    """The prompt text for ``messages`` (and ``tools``), generation prompt included."""
+    support = TemplateSupport.of(getattr(tokenizer, "chat_template", None))
+    dicts = [_message(m, support, fmt) for m in messages]
+    kwargs: dict[str, Any] = {}
+    if tools and support.tools:
+        kwargs["tools"] = [dict(t) for t in tools]
+    elif tools:
+        dicts = _with_system(dicts, instructions(tools, fmt))
+    return tokenizer.apply_chat_template(
+        dicts, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+
+
+def instructions(tools: Sequence[Tool], fmt: ToolFormat) -> str:
+    """The fallback system text that presents ``tools`` and the format to call them in."""
+    listed = "\n".join(json.dumps(dict(t)) for t in tools)
+    if fmt.name == "hermes":
+        return FALLBACK_INSTRUCTIONS.format(tools=listed)
+    return JSON_INSTRUCTIONS.format(tools=listed, key=fmt.arguments_key)
+
+
+def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _message(message: Mapping[str, Any], support: TemplateSupport, fmt: ToolFormat) -> dict:
+    role = message["role"]
+    content = message.get("content") or ""
+    calls = [as_call(c) for c in message.get("tool_calls") or []]
+    if role == "assistant" and calls:
+        if support.tool_calls:
+            return {"role": role, "content": content, "tool_calls": [hf_call(c) for c in calls]}
+        rendered = "\n".join(fmt.render(c) for c in calls)
+        return {"role": role, "content": f"{content}\n{rendered}" if content else rendered}
+    if role == "tool" and not support.tool_role:
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    extra = {k: message[k] for k in ("name", "tool_call_id") if k in message and role == "tool"}
+    return {"role": role, "content": content, **extra}
+
+
+def as_call(call: Any) -> ToolCall:
+    """A ``ToolCall``, or an OpenAI / HF dict (``{"function": {"name", "arguments"}}``), or a
+    flat ``{"name", "arguments"|"args", "id"}`` dict, as a ``ToolCall``."""
+    if isinstance(call, ToolCall):
+        return call
+    if not isinstance(call, Mapping):
+        raise ValueError(f"a tool call must be a dict or ToolCall, got {call!r}")
+    inner = call.get("function", call)
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
+        raise ValueError(f"a tool call needs a str name and dict arguments, got {call!r}")
+    args = inner.get("arguments", inner.get("args", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise ValueError(f"a tool call's arguments are not JSON, got {call!r}") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"a tool call needs a str name and dict arguments, got {call!r}")
+    return ToolCall(inner["name"], args, **({"id": call["id"]} if call.get("id") else {}))
+
+
+def hf_call(call: ToolCall) -> dict[str, Any]:
+    """A call as transformers' chat templates take it."""
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def check_tools(tools: Sequence[Tool]) -> list[str]:
+    """The tools' names; ``ValueError`` for a malformed tool or a repeated name."""
+    names = [str(function_of(t)["name"]) for t in tools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool names must be unique, got {names}")
+    return names

@@ -1,0 +1,31 @@
+"""The shared-tier benchmarks load and describe themselves (their record runs take minutes:
+docs/bench/remote-float32.txt and docs/bench/faults.txt hold them)."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["remote", "faults"])
+def test_bench_help(module: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", f"kvboost_rag.bench.{module}", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--out" in done.stdout and "--quick" in done.stdout
+
+
+def test_recorded_runs_show_no_wrong_serve_and_no_encoding() -> None:
+    import json
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "docs" / "bench"
+    faults = json.loads((bench / "faults.json").read_text())
+    rows = faults["rows"]
+    assert len(rows) >= 10 and all(r["wrong"] == 0 and not r["raised"] for r in rows)
+    assert all(r["completed"] == r["attempted"] for r in rows)
+    remote = json.loads((bench / "remote-float32.json").read_text())
+    assert remote["serve"]["redis"]["passages_encoded"] == 0

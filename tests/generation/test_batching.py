@@ -1,0 +1,299 @@
+"""Continuous batching: concurrent requests decode together and answer as if alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from conftest import make_model
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+)
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.generation import batching
+from kvboost_rag.core.generation.streaming import Cancelled, TokenCollector
+
+PASSAGES = [
+    "The lighthouse keeper logs the weather at dawn and dusk.",
+    "Copper conducts heat far better than stainless steel does.",
+    "A sourdough starter needs flour, water and a warm kitchen.",
+    "The river floods each spring when the mountain snow melts.",
+]
+
+
+def prompts(n: int) -> list[tuple[str, list[str], int]]:
+    """n requests: a question, two passages of its own, a length of its own. No passage or
+    prefix is shared: with passage reuse, what one request caches (its session KV, a
+    passage variant) changes what a later one reads, so shared ones would make answers
+    depend on the order requests arrive in, batched or not."""
+    return [
+        (
+            f"Question {i}: what follows from {'xyz' * (i % 4)}? Answer briefly.",
+            [f"Note {i}. {PASSAGES[i % 4]}", f"Fact {i}. {PASSAGES[(i + 1 + i // 4) % 4]}"],
+            6 + 3 * i,
+        )
+        for i in range(n)
+    ]
+
+
+def engines(arch: str, tokenizer: Any, **config: Any) -> tuple[KVBoost, KVBoost]:
+    """A batching engine and a one-at-a-time engine on two copies of one model."""
+    batched = KVBoost(make_model(arch), tokenizer, KVBoostConfig(block_tokens=8, **config))
+    serial = KVBoost(
+        make_model(arch),
+        tokenizer,
+        KVBoostConfig(block_tokens=8, **{**config, "max_batch_size": 1}),
+    )
+    return batched, serial
+
+
+def together(calls: list[Callable[[], Any]], timeout: float = 120.0) -> list[Any]:
+    """Run every call in its own thread, released at once; results (or errors) in order."""
+    out: list[Any] = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = calls[i]()
+        except Exception as error:  # returned, so a test can check who failed
+            out[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), "a request did not finish: deadlock?"
+    return out
+
+
+def ask(engine: KVBoost, question: str, passages: list[str], n: int, **options: Any) -> list[int]:
+    return engine.generate(question, passages=passages, max_new_tokens=n, **options).token_ids
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma3"])
+@pytest.mark.parametrize("fidelity", ["exact", "balanced"])
+def test_batched_answers_equal_serial_answers(arch: str, fidelity: str, tokenizer: Any) -> None:
+    batched, serial = engines(arch, tokenizer, fidelity=fidelity)
+    work = prompts(8)
+    if fidelity != "exact":  # passages come from the cache, as after warm_corpus
+        for engine in (batched, serial):
+            engine.warm_passages([p for _, passages, _ in work for p in passages])
+    want = [ask(serial, *w) for w in work]
+    got = together([lambda w=w: ask(batched, *w) for w in work])
+    assert got == want
+    stats = batched.stats().batch
+    assert stats is not None and stats.peak > 1, "the requests never decoded together"
+    assert batched.stats().requests == 8
+
+
+def test_seeded_sampling_equals_serial(tokenizer: Any) -> None:
+    batched, serial = engines("llama", tokenizer)
+    work = prompts(6)
+    options = dict(temperature=0.9, top_k=20, seed=7)
+    want = [ask(serial, *w, **options) for w in work]
+    got = together([lambda w=w: ask(batched, *w, **options) for w in work])
+    assert got == want
+
+
+def test_stop_strings_and_streams_in_a_batch(tokenizer: Any) -> None:
+    batched, serial = engines("llama", tokenizer)
+    work = prompts(6)
+    free = [serial.generate(q, passages=p, max_new_tokens=n).text for q, p, n in work]
+    stops = [text[3:5] if len(text) > 5 else "\x00" for text in free]
+    want = [
+        serial.generate(q, passages=p, max_new_tokens=n, stop=s).text
+        for (q, p, n), s in zip(work, stops)
+    ]
+
+    def streamed(i: int) -> str:
+        q, p, n = work[i]
+        return "".join(batched.stream(q, passages=p, max_new_tokens=n, stop=stops[i]))
+
+    got = together([lambda i=i: streamed(i) for i in range(len(work))])
+    assert got == want
+
+
+def test_a_cancelled_stream_leaves_the_others_correct(tokenizer: Any) -> None:
+    batched, serial = engines("llama", tokenizer)
+    work = prompts(5)
+    want = [ask(serial, *w) for w in work[1:]]
+    seen: list[str] = []
+
+    def cancelled() -> str:
+        q, p, _ = work[0]
+        stream = batched.stream(q, passages=p, max_new_tokens=200)
+        for delta in stream:
+            seen.append(delta)
+            if len(seen) == 3:
+                break
+        assert stream.result is not None
+        return stream.result.finish_reason  # type: ignore[attr-defined]
+
+    got = together([cancelled] + [lambda w=w: ask(batched, *w) for w in work[1:]])
+    assert got[0] == "cancelled"
+    assert got[1:] == want
+
+
+def test_a_bad_request_fails_alone(tokenizer: Any) -> None:
+    batched, serial = engines("llama", tokenizer)
+    work = prompts(4)
+    want = [ask(serial, *w) for w in work]
+    too_long = "x " * (batched.context_window + 10)
+    calls = [lambda w=w: ask(batched, *w) for w in work]
+    calls.insert(2, lambda: batched.generate(too_long, max_new_tokens=5))
+    calls.insert(4, lambda: batched.generate("hi", response_format={"type": "xml"}))
+    got = together(calls)
+    assert isinstance(got[2], ValueError) and isinstance(got[4], ValueError)
+    assert [g for i, g in enumerate(got) if i not in (2, 4)] == want
+
+
+class Boom(LogitsProcessor):
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
+
+
+def test_a_step_that_fails_fails_only_its_request(tokenizer: Any) -> None:
+    """A processor that raises mid-decode (here injected) ends its own request only."""
+    model = make_model("llama")
+    engine = KVBoost(model, tokenizer, KVBoostConfig(block_tokens=8))
+    batcher = batching.model_batcher(model, engine._lock)
+
+    def job(tokens: list[int], fail: bool) -> batching.Job:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([tokens[:-1]]))
+        boom = LogitsProcessorList([Boom()] if fail else [])
+        return batching.Job(
+            tokens=list(tokens),
+            kv=[(k, v) for k, v in ((layer.keys, layer.values) for layer in out.cache.layers)],
+            do_sample=False,
+            processors=boom,
+            stopping=StoppingCriteriaList([MaxLengthCriteria(len(tokens) + 4)]),
+            generator=None,
+            collector=TokenCollector(),
+            cancel=Cancelled(),
+            limit=8,
+        )
+
+    jobs = [job([5, 6, 7, 8], False), job([9, 10, 11], True), job([12, 13, 14, 15, 16], False)]
+    for item in jobs:
+        item.collector.put(torch.tensor(item.tokens))  # the prompt, skipped
+        batcher.submit(item)
+    for item in jobs:
+        item.done.wait(30)
+    assert isinstance(jobs[1].error, RuntimeError)
+    assert jobs[0].error is None and jobs[2].error is None
+    assert len(jobs[0].tokens) == 8 and len(jobs[2].tokens) == 9
+
+
+def test_max_batch_size_bounds_the_batch(tokenizer: Any) -> None:
+    batched, serial = engines("llama", tokenizer, max_batch_size=2)
+    work = prompts(5)
+    want = [ask(serial, *w) for w in work]
+    assert together([lambda w=w: ask(batched, *w) for w in work]) == want
+    stats = batched.stats().batch
+    assert stats is not None and stats.peak == 2
+
+
+def test_one_at_a_time_never_batches(tokenizer: Any) -> None:
+    _, serial = engines("llama", tokenizer)
+    together([lambda w=w: ask(serial, *w) for w in prompts(4)])
+    stats = serial.stats().batch
+    assert stats is not None and stats.steps == 0
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "8"])
+def test_max_batch_size_is_validated(value: Any) -> None:
+    with pytest.raises(ValueError, match="max_batch_size"):
+        KVBoostConfig(max_batch_size=value)
+
+
+def test_the_batch_thread_ends_when_idle(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batching, "IDLE_SECONDS", 0.2)
+    batched, _ = engines("llama", tokenizer)
+    together([lambda w=w: ask(batched, *w) for w in prompts(3)])
+    deadline = time.monotonic() + 10
+    while any(t.name == "kvboost-batch" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the batch thread outlived its work"
+        time.sleep(0.05)
+    assert ask(batched, *prompts(1)[0])  # and a later request starts a new one
+
+
+def test_langchain_batch_and_abatch_decode_together(tokenizer: Any) -> None:
+    from langchain_core.messages import HumanMessage
+
+    from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostLLM
+
+    batched, serial = engines("llama", tokenizer)
+    questions = [q for q, _, _ in prompts(8)]
+    chat = ChatKVBoost(engine=batched, max_tokens=12)
+    want = [
+        serial.chat([{"role": "user", "content": q}], max_new_tokens=12).text for q in questions
+    ]
+    got = chat.batch([[HumanMessage(q)] for q in questions])
+    assert [m.content for m in got] == want
+    assert batched.stats().batch.peak > 1  # type: ignore[union-attr]
+
+    async def abatch() -> list[Any]:
+        return await chat.abatch([[HumanMessage(q)] for q in questions])
+
+    assert [m.content for m in asyncio.run(abatch())] == want
+    llm = KVBoostLLM(engine=batched, max_tokens=12)
+    want_llm = [serial.generate(q, max_new_tokens=12).text for q in questions]
+    before = batched.stats().batch.steps  # type: ignore[union-attr]
+    assert llm.batch(questions) == want_llm
+    steps = batched.stats().batch.steps - before  # type: ignore[union-attr]
+    assert steps < 12 * len(questions) / 2, "the LLM's batch decoded one prompt at a time"
+
+
+def test_llamaindex_async_calls_decode_together(tokenizer: Any) -> None:
+    from kvboost_rag.integrations.llamaindex import KVBoostLLM
+
+    batched, serial = engines("llama", tokenizer)
+    questions = [q for q, _, _ in prompts(8)]
+    llm = KVBoostLLM(engine=batched, max_tokens=12)
+    want = [serial.generate(q, max_new_tokens=12).text for q in questions]
+
+    async def run() -> list[str]:
+        done = await asyncio.gather(*(llm.acomplete(q) for q in questions))
+        return [r.text for r in done]
+
+    assert asyncio.run(run()) == want
+    assert batched.stats().batch.peak > 1  # type: ignore[union-attr]
+
+
+def test_stats_do_not_wait_for_the_model(tokenizer: Any) -> None:
+    """A monitoring thread reads stats while a request holds the model (here: its lock)."""
+    batched, _ = engines("llama", tokenizer)
+    ask(batched, *prompts(1)[0])
+    with batched._lock:
+        got = together([batched.stats], timeout=10)
+    assert got[0].requests == 1
+
+
+def test_a_batch_that_cannot_be_built_fails_its_requests(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restacking that fails (say, out of memory) ends the requests with the error instead
+    of leaving them waiting, and the next requests are served."""
+    batched, serial = engines("llama", tokenizer)
+
+    def fail(rows: Any, room: int = 64) -> Any:
+        raise MemoryError("no room for the batch")
+
+    monkeypatch.setattr(batching, "stack_rows", fail)
+    got = together([lambda w=w: ask(batched, *w) for w in prompts(3)], timeout=60)
+    assert all(isinstance(g, MemoryError) for g in got)
+    monkeypatch.undo()
+    work = prompts(2)
+    assert together([lambda w=w: ask(batched, *w) for w in work]) == [ask(serial, *w) for w in work]

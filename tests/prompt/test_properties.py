@@ -1,0 +1,100 @@
+"""Property-based input tests (hypothesis): for any text, the marker parser, the chunker
+and the prompt encoder either raise a specific error naming the problem, or produce
+segments / token spans that cover exactly the marked text, with no marker in the model
+input. Examples per property: 40 always; 2,000 in the ``slow`` run (``pytest -m slow``),
+which runs this file again under HYPOTHESIS_PROFILE=thorough."""
+
+import pytest
+from conftest import run_thorough
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from kvboost_rag.core.errors import KVBoostError
+from kvboost_rag.core.model.loading import resolve_model_path
+from kvboost_rag.core.prompt.chunker import (
+    CLOSE,
+    OPEN,
+    MarkerError,
+    edges,
+    parse_segments,
+    passage,
+    split_passage,
+)
+
+# Any unicode: emoji, RTL, combining marks, NUL and control characters, lone surrogates
+# excluded (a Python str that cannot be UTF-8 encoded is no text a user can send).
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=200)
+FRAGMENTS = st.sampled_from([OPEN, CLOSE, OPEN[:5], CLOSE[3:], "\u27e6", "\u27e7", "kvboost:"])
+PIECES = st.lists(st.one_of(TEXT, FRAGMENTS), max_size=12)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+
+
+def strip_markers(text: str) -> str:
+    return text.replace(OPEN, "").replace(CLOSE, "")
+
+
+@given(PIECES)
+def test_any_text_parses_to_the_unmarked_text_or_a_marker_error(pieces: list[str]) -> None:
+    prompt = "".join(pieces)
+    try:
+        segments = parse_segments(prompt)
+    except MarkerError as error:
+        assert "marker at character" in str(error)
+        return
+    assert "".join(s.text for s in segments) == strip_markers(prompt)
+    assert all(OPEN not in s.text and CLOSE not in s.text for s in segments)
+    assert all(s.text for s in segments)  # no empty segment
+    kinds = [s.kind for s in segments]
+    assert all(a != "text" or b != "text" for a, b in zip(kinds, kinds[1:]))  # text joined
+
+
+@given(st.lists(st.tuples(st.booleans(), TEXT), max_size=10))
+def test_marked_passages_come_back_as_their_stripped_text(parts: list[tuple[bool, str]]) -> None:
+    assume(all(OPEN not in t and CLOSE not in t for _, t in parts))
+    prompt = "".join(passage(t) if marked else t for marked, t in parts)
+    found = [s.text for s in parse_segments(prompt) if s.kind == "passage"]
+    want = [edges(t)[1] for marked, t in parts if marked and edges(t)[1]]
+    assert found == want
+
+
+@given(TEXT, st.sampled_from([OPEN, CLOSE]), TEXT)
+def test_passage_text_holding_a_marker_is_refused(head: str, marker: str, tail: str) -> None:
+    with pytest.raises(MarkerError, match="already contains a passage marker"):
+        passage(head + marker + tail)
+
+
+@given(st.text(max_size=2000), st.integers(1, 64))
+def test_split_pieces_join_back_to_the_passage(tokenizer, text: str, max_tokens: int) -> None:
+    pieces = split_passage(text, tokenizer, max_tokens)
+    assert "".join(pieces) == text
+    assert all(pieces) or pieces == [""]
+
+
+@given(st.lists(TEXT, min_size=1, max_size=6), TEXT)
+def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, question) -> None:
+    from kvboost_rag.core.prompt.prompts import PromptEncoder
+
+    assume(all(OPEN not in t and CLOSE not in t for t in [*docs, question]))
+    encoder = PromptEncoder(tokenizer, context_window=8192, max_passage_tokens=8192)
+    try:
+        prompt = encoder.text(question, docs)
+    except KVBoostError as error:  # empty prompt and no passage, or over the window
+        assert str(error)
+        return
+    assert OPEN not in tokenizer.decode(prompt.tokens)
+    assert CLOSE not in tokenizer.decode(prompt.tokens)
+    cores = [edges(d)[1] for d in docs if edges(d)[1]]
+    own = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in cores]
+    # a passage's tokens are its text tokenized alone, in any prompt: the cache key
+    assert [prompt.tokens[s:e] for s, e in prompt.passages] == [ids for ids in own if ids]
+
+
+@pytest.mark.slow
+def test_every_property_holds_over_2000_examples() -> None:
+    run_thorough(__file__, 5)

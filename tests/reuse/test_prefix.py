@@ -1,0 +1,117 @@
+"""The exact prefix cache: its index finds matches without reading KV it does not use."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from kvboost_rag.core.model.kv import kv_nbytes
+from kvboost_rag.core.reuse.prefix import PrefixCache
+from kvboost_rag.core.store.disk import DiskStore
+from kvboost_rag.core.store.memory import Entry
+from kvboost_rag.core.store.tiers import TieredStore
+
+BLOCK = 4
+FINGERPRINT = b"model-a"
+
+
+class CountingStore(TieredStore):
+    """Records every key whose KV is read."""
+
+    def __init__(self, max_bytes: int, disk: DiskStore | None = None) -> None:
+        super().__init__(max_bytes, disk)
+        self.reads: list[bytes] = []
+
+    def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
+        self.reads.append(key)
+        return super().get(key, tokens)
+
+
+def cache_for(tokens: Sequence[int]) -> DynamicCache:
+    """KV whose keys hold each position's token id and values its position, so a matched
+    slice shows which stored stream and positions it came from."""
+    n = len(tokens)
+    keys = torch.tensor(tokens, dtype=torch.float32).view(1, 1, n, 1).expand(1, 2, n, 3)
+    values = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).expand(1, 2, n, 3)
+    cache = DynamicCache()
+    for layer in range(2):
+        cache.update(keys.clone(), values.clone(), layer)
+    return cache
+
+
+def store_stream(prefix: PrefixCache, tokens: list[int]) -> None:
+    prefix.insert(tokens, cache_for(tokens), len(tokens))
+
+
+def matched_tokens(match) -> list[int]:
+    return [int(t) for block in match.blocks for t in block[0][0][0, 0, :, 0].tolist()]
+
+
+def block_bytes() -> int:
+    return kv_nbytes([(t, t) for t in [torch.zeros(1, 2, BLOCK, 3)] * 2])
+
+
+def test_matching_among_siblings_reads_only_the_chosen_one() -> None:
+    store = CountingStore(10**9)
+    prefix = PrefixCache(store, FINGERPRINT, BLOCK)
+    for i in range(6):  # six full blocks under one parent, and a tail
+        store_stream(prefix, [1, 2, 3, 4, 10 + i, 20, 30, 40])
+    store_stream(prefix, [1, 2, 3, 4, 12, 20, 50])
+    store.reads.clear()
+    hits = store.stats().memory.hits
+    match = prefix.match([1, 2, 3, 4, 13, 20, 30, 99, 5])
+    assert match.length == 7 and matched_tokens(match) == [1, 2, 3, 4, 13, 20, 30]
+    assert store.reads == prefix.keys([1, 2, 3, 4, 13, 20, 30, 40])  # the chosen blocks only
+    assert store.stats().memory.hits - hits == 2  # one hit per block used
+
+
+def test_tail_matches_to_the_token() -> None:
+    store = CountingStore(10**9)
+    prefix = PrefixCache(store, FINGERPRINT, BLOCK)
+    stream = list(range(1, 12))  # two full blocks and a 3-token tail
+    store_stream(prefix, stream)
+    match = prefix.match([*stream[:10], 77, 78])
+    assert match.length == 10 and matched_tokens(match) == stream[:10]
+    assert len(store.reads) == 3
+    assert prefix.match(stream).length == 11
+    assert prefix.match([*stream, 5, 6]).length == 11
+
+
+def test_block_evicted_from_every_tier_ends_the_match_before_it() -> None:
+    store = CountingStore(3 * block_bytes())  # room for three blocks, no disk
+    prefix = PrefixCache(store, FINGERPRINT, BLOCK)
+    stream = list(range(1, 13))
+    store_stream(prefix, stream)
+    first, second, third = prefix.keys(stream)
+    store.get(first, None), store.get(third, None)  # the second is least recently used
+    store.put(b"other", (0,), [(torch.zeros(1, 2, BLOCK, 3),) * 2] * 2)  # evicts it
+    assert second not in store
+    match = prefix.match(stream)
+    assert match.length == BLOCK and matched_tokens(match) == stream[:BLOCK]
+    store.reads.clear()
+    assert prefix.match(stream).length == BLOCK
+    assert second not in store.reads  # dropped from the index: not looked up again
+    store_stream(prefix, stream)  # stored again, so the chain is whole again
+    assert prefix.match(stream).length == 12
+
+
+def test_evicted_tail_falls_back_to_the_next_best_child() -> None:
+    store = CountingStore(10**9)
+    prefix = PrefixCache(store, FINGERPRINT, BLOCK)
+    store_stream(prefix, [1, 2, 3, 4, 5, 6, 7, 8])  # a full child sharing two tokens
+    store_stream(prefix, [1, 2, 3, 4, 5, 6, 9])  # the tail shares three
+    store.memory.clear()  # every block's KV is gone; only the index remains
+    store_stream(prefix, [1, 2, 3, 4, 5, 6, 7, 8])  # the first block and the full child again
+    match = prefix.match([1, 2, 3, 4, 5, 6, 9, 0])
+    assert match.length == 6 and matched_tokens(match) == [1, 2, 3, 4, 5, 6]
+
+
+def test_blocks_on_disk_from_an_earlier_process_are_found(tmp_path: Path) -> None:
+    stream = list(range(1, 13))
+    earlier = TieredStore(block_bytes(), DiskStore(tmp_path, FINGERPRINT, 10**9))
+    store_stream(PrefixCache(earlier, FINGERPRINT, BLOCK), stream)  # two blocks spill to disk
+    store = CountingStore(10**9, DiskStore(tmp_path, FINGERPRINT, 10**9))  # a restart
+    match = PrefixCache(store, FINGERPRINT, BLOCK).match(stream)
+    assert match.length == 2 * BLOCK and matched_tokens(match) == stream[: 2 * BLOCK]
+    assert store.stats().disk.hits == 2
