@@ -1,44 +1,30 @@
-"""The engine: tokenize, plan what to reuse, build the cache, generate, store what is new.
+"""The engine: a model, its tokenizer and the KV caches that make repeated context cheap.
 
-One request reads top to bottom in ``_run``: ``make_plan`` (pure) -> ``build_context``
-(exact prefix, assembled passages, repair) -> ``decode`` (transformers' generate) ->
-``_remember`` (new exact prefix blocks, passages a cold prompt deferred) -> one result.
+One request, top to bottom (``_submit``): validate and tokenize (``prompt/``), look up what
+the caches hold (``Caches.look_up``: tier reads, on the caller's thread), plan on that
+(``Lookup.plan``, pure), then hand a ``Request`` to the model's executor, which builds its
+context in a KV row, computes what is left, decodes and ends it (``generation/``). What the
+answer leaves behind is stored off the request path (``Caches.remember``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StopStringCriteria
 
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.generation.batching import model_batcher
-from kvboost_rag.core.generation.decoding import (
-    Decoded,
-    eos_ids,
-    generate_tokens,
-    model_lock,
-    open_job,
-)
-from kvboost_rag.core.generation.requests import Requests
-from kvboost_rag.core.generation.result import EngineStats, GenerationResult, Timings, elapsed_ms
+from kvboost_rag.core.generation.request import Request
+from kvboost_rag.core.generation.result import EngineStats, GenerationResult, Timings, WarmResult
+from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
-from kvboost_rag.core.generation.streaming import (
-    Cancelled,
-    GenerationStream,
-    TokenCollector,
-    cut_at_stop,
-)
-from kvboost_rag.core.model.arch import model_support
+from kvboost_rag.core.generation.streaming import GenerationStream, cut_at_stop
 from kvboost_rag.core.model.fingerprint import model_fingerprint
-from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
     default_device,
     default_dtype,
@@ -46,25 +32,22 @@ from kvboost_rag.core.model.loading import (
     resolve_model_path,
 )
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
-from kvboost_rag.core.prompt.prompts import Message, PromptEncoder, anchor_tokens, before_passages
-from kvboost_rag.core.reuse.assemble import PassageReuse
-from kvboost_rag.core.reuse.context import Context, build_context
-from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
-from kvboost_rag.core.reuse.passages import PassageCache
-from kvboost_rag.core.reuse.plan import Plan, make_plan
-from kvboost_rag.core.reuse.prefix import PrefixCache
-from kvboost_rag.core.reuse.session import SessionCache
+from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
+from kvboost_rag.core.reuse.assemble import RowKV
+from kvboost_rag.core.reuse.caches import Caches
+from kvboost_rag.core.reuse.context import Context
 from kvboost_rag.core.store.tiers import open_tiers
-from kvboost_rag.core.tools.structure import Constrainer, Structure
-from kvboost_rag.core.warming import Warming
+from kvboost_rag.core.tools.formats import Tool
+from kvboost_rag.core.tools.structure import Constrainer, ResponseFormat, Structure
+from kvboost_rag.core.warming import Warmer
 
 
-class KVBoost(Requests, Warming):
+class KVBoost:
     """A model, its tokenizer and KV caches that make repeated context cheap.
 
-    Safe to share between threads: requests run one at a time under a lock held by the
-    model (one forward pass already uses every core), so results equal serial calls, also
-    across several engines wrapping the same model.
+    Safe to share between threads: every request runs on the model's executor (one per
+    model object, shared by the engines wrapping it), which decodes concurrent requests
+    together; each answer equals what the request gives alone.
     """
 
     def __init__(self, model: Any, tokenizer: Any, config: KVBoostConfig | None = None) -> None:
@@ -74,54 +57,35 @@ class KVBoost(Requests, Warming):
         # What integrations report as the model's name; from_pretrained sets what was asked.
         self.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.fingerprint = model_fingerprint(model, tokenizer)
-        self.context_window = int(model.config.max_position_embeddings)
-        self.support = model_support(model)
+        self._handle = ModelHandle.of(model)
+        self.support = self._handle.support
+        self.context_window = self._handle.context_window
         self._prompts = PromptEncoder(
             tokenizer, self.context_window, self.config.max_passage_tokens
         )
         self._store = open_tiers(self.config, self.fingerprint)
-        self._prefix = PrefixCache(self._store, self.fingerprint, self.config.block_tokens)
-        self._reuse = self._passage_reuse()
-        # An agent's or a conversation's next request extends this one: the KV it used
-        # after its first reused passage (approximate, so never in the exact prefix cache)
-        # is kept under a key space of its own, per repair setting, and continued from.
-        self._session = (
-            SessionCache(
-                self._store,
-                self.fingerprint,
-                self.config.block_tokens,
-                repr(self.config.repair_settings()),
-            )
-            if self._reuse is not None
-            else None
+        self._caches = Caches(
+            model,
+            self.support,
+            self.config,
+            self._store,
+            self.fingerprint,
+            self._prompts.special_prefix,
+            tokenizer,
         )
-        self._lock = model_lock(model)
-        self._batcher = model_batcher(model, self._lock)
-        self._batch_size = self.config.batch_size(torch.device(model.device))
-        self._constrainer = Constrainer(tokenizer, sorted(eos_ids(model)))
+        self._warmer = Warmer(
+            model, self.config, self.support, self._prompts, self._caches, self._handle.executor
+        )
+        self._batch_size = self.config.batch_size(self._handle.device)
+        self._constrainer = Constrainer(tokenizer, sorted(self._handle.eos))
+        self._owner = _Owner(self)
         self._requests = self._prompt_tokens = self._reused_tokens = 0
         self._counting = threading.Lock()  # the three counters, read together by stats()
 
-    def _passage_reuse(self) -> PassageReuse | None:
-        settings = self.config.repair_settings()
-        if settings is None:  # fidelity "exact"
-            return None
-        if not self.support.passage_reuse:
-            warnings.warn(f"{self.support.reason}; using exact prefix reuse only", stacklevel=3)
-            return None
-        anchor = (
-            anchor_tokens(self.tokenizer, self._prompts.special_prefix)
-            if self.config.passage_anchor
-            else []
-        )
-        cache = PassageCache(
-            self._store,
-            PassageEncoder(self.model, self.config.encode_batch_tokens),
-            self.fingerprint,
-            anchor,
-            nearest=self.config.prefix_fallback == "nearest",
-        )
-        return PassageReuse(self.model, cache, self.support, settings)
+    @property
+    def _reuse(self) -> Any:
+        """Passage reuse (None at fidelity "exact"), for tests and benchmarks."""
+        return self._caches.reuse
 
     @classmethod
     def from_pretrained(
@@ -155,7 +119,86 @@ class KVBoost(Requests, Warming):
             )
         return engine
 
-    # -- public requests -------------------------------------------------------------
+    # -- requests ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        passages: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
+        constrain: bool | None = None,
+        **options: Any,
+    ) -> GenerationResult:
+        """Complete ``prompt``. Passages may be marked inside it with ``passage(text)`` or
+        given as ``passages=`` (placed before it). Options: max_new_tokens, temperature,
+        top_p, top_k, stop, seed; ``response_format`` / ``constrain`` as in ``chat``."""
+        start = time.perf_counter()
+        sampling, structure = self._options(options, (), "auto", False, response_format, constrain)
+        request = self._submit(self._prompts.text(prompt, passages), sampling, structure, start)
+        return request.wait()
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Tool] | None = None,
+        tool_choice: str = "auto",
+        parallel_tool_calls: bool = False,
+        response_format: ResponseFormat | None = None,
+        constrain: bool | None = None,
+        **options: Any,
+    ) -> GenerationResult:
+        """Answer the last message of a conversation, using the tokenizer's chat template.
+
+        ``tools`` (OpenAI-style dicts) are offered to the model; its calls come back in
+        ``result.tool_calls`` and ``result.text`` holds the rest. ``tool_choice``: "auto",
+        "required", "none" or a tool's name; one call per answer unless
+        ``parallel_tool_calls``. ``response_format`` (``{"type": "json_object"}`` or
+        ``{"type": "json_schema", "json_schema": {"schema": ...}}``) asks for JSON. Both
+        decode under a grammar unless ``constrain=False`` (default:
+        ``config.constrained_decoding``). Messages may carry ``tool_calls`` (assistant)
+        and be ``{"role": "tool", "content", "tool_call_id"}`` results."""
+        start = time.perf_counter()
+        sampling, structure = self._options(
+            options, tools, tool_choice, parallel_tool_calls, response_format, constrain
+        )
+        prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
+        return self._submit(prompt, sampling, structure, start).wait()
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        passages: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
+        constrain: bool | None = None,
+        **options: Any,
+    ) -> GenerationStream:
+        """Like ``generate`` but yields text deltas; ``.result`` is set when it ends."""
+        start = time.perf_counter()
+        sampling, structure = self._options(options, (), "auto", False, response_format, constrain)
+        return self._streamed(self._prompts.text(prompt, passages), sampling, structure, start)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Tool] | None = None,
+        tool_choice: str = "auto",
+        parallel_tool_calls: bool = False,
+        response_format: ResponseFormat | None = None,
+        constrain: bool | None = None,
+        **options: Any,
+    ) -> GenerationStream:
+        """Like ``chat`` but yields content deltas (a tool call being written is held
+        back); ``.result``, with the calls, is set when it ends."""
+        start = time.perf_counter()
+        sampling, structure = self._options(
+            options, tools, tool_choice, parallel_tool_calls, response_format, constrain
+        )
+        prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
+        return self._streamed(prompt, sampling, structure, start)
 
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
@@ -163,7 +206,7 @@ class KVBoost(Requests, Warming):
         """Next-token logits after ``prompt`` (text, or chat messages), computed on the same
         cached path as ``generate`` / ``chat``, for fidelity checks against a full prefill.
         Stores no prefix; passages it encodes are cached, as in ``generate``."""
-        return self._prompt_logits(self._tokenized(prompt, passages), [])[0]
+        return self._logits(self._tokenized(prompt, passages), [])[0]
 
     def answer_logits(
         self,
@@ -177,7 +220,117 @@ class KVBoost(Requests, Warming):
         to compare a whole answer's distributions with a full prefill's."""
         if not answer_ids:
             raise ValueError("answer_ids is empty: pass the answer's token ids")
-        return self._prompt_logits(self._tokenized(prompt, passages), list(answer_ids[:-1]))
+        return self._logits(self._tokenized(prompt, passages), list(answer_ids[:-1]))
+
+    def structure(
+        self,
+        tools: Sequence[Tool] | None = None,
+        tool_choice: str = "auto",
+        parallel_tool_calls: bool = False,
+        response_format: ResponseFormat | None = None,
+        constrain: bool | None = None,
+    ) -> Structure:
+        """What a request asks of the answer's form, validated (``ValueError``)."""
+        return Structure(
+            tuple(tools or ()),
+            tool_choice,
+            response_format,
+            self.config.constrained_decoding if constrain is None else constrain,
+            self._prompts.tool_format(self.config.tool_format),
+            parallel_tool_calls,
+        )
+
+    def tokenize(self, prompt: str, *, passages: Sequence[str] | None = None) -> list[int]:
+        """The exact token ids the model sees for ``prompt`` (markers removed)."""
+        return self._prompts.text(prompt, passages).tokens
+
+    def tokenize_chat(
+        self, messages: Sequence[Message], *, tools: Sequence[Tool] | None = None
+    ) -> list[int]:
+        """The exact token ids the model sees for ``messages`` and ``tools`` (markers
+        removed)."""
+        structure = self.structure(tools)
+        return self._prompts.chat(messages, structure.tools, structure.fmt).tokens
+
+    # -- warming -----------------------------------------------------------------------
+
+    def warm(self, text: str) -> WarmResult:
+        """Prefill ``text`` and cache it as an exact prefix of later prompts."""
+        return self._warmer.warm(text)
+
+    def warm_passages(
+        self,
+        texts: Sequence[str] | str,
+        *,
+        prefix: str | Sequence[Message] | None = None,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        names: Sequence[str] | None = None,
+    ) -> WarmResult:
+        return self._warmer.warm_passages(
+            texts, prefix=prefix, batch_size=batch_size, progress=progress, names=names
+        )
+
+    warm_passages.__doc__ = Warmer.warm_passages.__doc__
+
+    def passage_prefix(self, prefix: str | Sequence[Message] | None) -> list[int]:
+        return self._warmer.passage_prefix(prefix)
+
+    passage_prefix.__doc__ = Warmer.passage_prefix.__doc__
+
+    # -- the engine's state ------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """A snapshot; it does not wait for requests in flight (the tiers lock their own)."""
+        tiers = self._store.stats()
+        with self._counting:
+            counts = self._requests, self._prompt_tokens, self._reused_tokens
+        batch = self._handle.executor.stats()
+        return EngineStats(tiers.memory, tiers.disk, *counts, tiers.remote, batch)
+
+    def flush(self) -> None:
+        """Wait until what finished requests left behind is stored: index updates, encodes
+        deferred after an answer, queued disk and shared-tier writes (``warm_passages`` /
+        ``warm_corpus`` already wait). Raises ``OSError`` for a disk write that failed;
+        shared-tier failures are warnings."""
+        self._caches.indexer.join()
+        self._handle.executor.drain()
+        self._caches.indexer.join()
+        self._store.flush()
+
+    def clear_cache(self) -> None:
+        self._store.clear()
+
+    # -- the request path --------------------------------------------------------------
+
+    def _options(
+        self,
+        options: dict[str, Any],
+        tools: Sequence[Tool] | None,
+        tool_choice: str,
+        parallel_tool_calls: bool,
+        response_format: ResponseFormat | None,
+        constrain: bool | None,
+    ) -> tuple[SamplingOptions, Structure]:
+        sampling = SamplingOptions.build(**options)
+        self._check_stops(sampling.stop)
+        structure = self.structure(
+            tools, tool_choice, parallel_tool_calls, response_format, constrain
+        )
+        return sampling, structure
+
+    def _check_stops(self, stops: tuple[str, ...]) -> None:
+        """Stop strings the tokenizer cannot write could never end an answer, and
+        transformers refuses them mid-request: refuse them here, before the model runs."""
+        if not stops:
+            return
+        try:
+            StopStringCriteria(self.tokenizer, list(stops))
+        except ValueError as error:
+            raise ValueError(
+                f"stop strings {list(stops)!r} cannot be written with this tokenizer's "
+                "vocabulary, so they could never end an answer; pass text the model can write"
+            ) from error
 
     def _tokenized(
         self, prompt: str | Sequence[Message], passages: Sequence[str] | None
@@ -186,194 +339,127 @@ class KVBoost(Requests, Warming):
             return self._prompts.text(prompt, passages)
         return self._prompts.chat(prompt)
 
-    def _prompt_logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
-        """Logits after the prompt and after each token of ``more`` fed behind it."""
-        with self._working():
-            plan, blocks = self._plan(prompt)
-            context = build_context(self.model, plan, blocks, self._reuse, Timings())
-            rows = [context.logits[None]] if context.logits is not None else []
-            feed = more if rows else plan.tokens[plan.exact :] + more
-            if feed:
-                ids = torch.tensor([feed], device=self.model.device)
-                keep = len(more) + (0 if rows else 1)
-                out = self.model(input_ids=ids, cache=context.cache, logits_to_keep=keep)
-                rows.append(out.logits[0])
-        return torch.cat(rows).float()
-
-    def stats(self) -> EngineStats:
-        """A snapshot; it does not wait for requests in flight (the tiers lock their own)."""
-        tiers = self._store.stats()
-        with self._counting:
-            counts = self._requests, self._prompt_tokens, self._reused_tokens
-        return EngineStats(tiers.memory, tiers.disk, *counts, tiers.remote, self._batcher.stats())
-
-    def flush(self) -> None:
-        """Wait until queued disk and shared-tier writes are made (requests queue them in
-        the background; ``warm_passages`` / ``warm_corpus`` already wait). Raises
-        ``OSError`` for a disk write that failed; shared-tier failures are warnings."""
-        self._store.flush()
-
-    def clear_cache(self) -> None:
-        self._store.clear()
-
-    def _decode_text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    # -- the request path ------------------------------------------------------------
-
-    def _stream(
+    def _submit(
         self,
         prompt: TokenizedPrompt,
         sampling: SamplingOptions,
         structure: Structure,
         start: float,
-    ) -> GenerationStream:
-        return GenerationStream(
-            lambda on_token, cancel: self._run(
-                prompt, sampling, structure, start, on_token, cancel
-            ),
-            self._decode_text,
-            sampling.stop,
-            structure.visible,
-        )
-
-    def _run(
-        self,
-        prompt: TokenizedPrompt,
-        sampling: SamplingOptions,
-        structure: Structure,
-        start: float,
-        on_token: Callable[[int], None] | None,
-        cancel: Cancelled,
-    ) -> GenerationResult:
+        feed: list[int] | None = None,
+        stream: Callable[[Request], object] | None = None,
+    ) -> Request:
+        timings = Timings(tokenize_ms=(time.perf_counter() - start) * 1e3)
         grammar = structure.grammar()
-        processors = LogitsProcessorList(
+        extra = LogitsProcessorList(
             [self._constrainer.processor(grammar)] if grammar is not None else []
         )
-        timings = Timings(tokenize_ms=elapsed_ms(start))
-        with self._working():
-            with timings.stage("lookup"):
-                plan, blocks = self._plan(prompt)
-            context = build_context(self.model, plan, blocks, self._reuse, timings)
-            if self._batch_size == 1:
-                decoded = generate_tokens(
-                    self.model,
-                    self.tokenizer,
-                    plan.tokens,
-                    context,
-                    sampling,
-                    on_token,
-                    cancel,
-                    self.context_window,
-                    processors,
-                )
-            else:
-                collector, started = TokenCollector(on_token), time.perf_counter()
-                job = open_job(
-                    self.model,
-                    self.tokenizer,
-                    plan.tokens,
-                    context,
-                    sampling,
-                    collector,
-                    cancel,
-                    self.context_window,
-                    processors,
-                    self._batch_size,
-                )
-        if self._batch_size != 1:
-            if not job.done.is_set():
-                self._batcher.submit(job)
-            job.wait()
-            ended = time.perf_counter()
-            first = collector.first_token_at or ended
-            decoded = Decoded(collector.token_ids, started, first, ended)
-            context = replace(context, cache=job.cache(self.model.config))
-        with self._working():
-            with timings.stage("store"):
-                self._remember(plan, context, decoded.token_ids)
-        with self._counting:
-            self._requests += 1
-            self._prompt_tokens += len(plan.tokens)
-            self._reused_tokens += context.reused
-        result = self._result(plan, context, decoded, sampling, cancel, timings, start)
-        parsed = structure.parse(result.text)
-        result.text = parsed.content
-        result.tool_calls, result.invalid_tool_calls = parsed.calls, parsed.invalid
-        if parsed.calls and result.finish_reason == "stop":
-            result.finish_reason = "tool_calls"
-        return result
+        with timings.stage("lookup"):
+            lookup = self._caches.look_up(prompt)
+        max_new = min(sampling.max_new_tokens, self.context_window - len(prompt.tokens))
+        cancel = threading.Event()
+        sampler = Sampler(
+            self.model, self.tokenizer, sampling, len(prompt.tokens), max_new, cancel, extra
+        )
+        request = Request(
+            prompt=prompt,
+            sampling=sampling,
+            owner=self._owner,
+            sampler=sampler,
+            structure=structure,
+            limit=self._batch_size,
+            start=start,
+            timings=timings,
+            lookup=lookup,
+            plan=lookup.plan(prompt),
+            cancel=cancel,
+            feed=feed,
+        )
+        if stream is not None:
+            stream(request)  # sets the token and end hand-offs before the executor runs it
+        self._handle.executor.submit(request)
+        return request
 
-    @contextmanager
-    def _working(self) -> Iterator[None]:
-        """The model lock, with decoding steps held back meanwhile (see ``Batcher``)."""
-        with self._batcher.priority(), self._lock, torch.inference_mode():
-            yield
+    def _streamed(
+        self, prompt: TokenizedPrompt, sampling: SamplingOptions, structure: Structure, start: float
+    ) -> GenerationStream:
+        streams: list[GenerationStream] = []
 
-    def _plan(self, prompt: TokenizedPrompt) -> tuple[Plan, list[LayerKV]]:
-        match = self._prefix.match(prompt.tokens)
-        matched, blocks, approx = match.length, match.blocks, None
-        more = self._session.match(prompt.tokens, match.length) if self._session else None
-        if more is not None:
-            first = match.length // self.config.block_tokens
-            matched, blocks, approx = more.length, blocks[:first] + more.blocks, match.length
-        if self._reuse is None or not prompt.passages:
-            return make_plan(prompt, matched, None, None, approx), blocks
-        own = before_passages(prompt) if self.config.passage_prefix == "prompt" else []
-        prefix = self._reuse.cache.prefix(own)
-        locate = self._reuse.cache.locator(prefix)
-        return make_plan(prompt, matched, prefix, locate, approx), blocks
+        def attach(request: Request) -> None:
+            streams.append(
+                GenerationStream(request, self._decode_text, sampling.stop, structure.visible)
+            )
 
-    def _remember(self, plan: Plan, context: Context, generated: list[int]) -> None:
-        """Store the new exact blocks of the prompt (and the answer) for later requests, and
-        encode the passages a cold prompt deferred. KV after the first reused passage is
-        approximate and never enters the prefix cache."""
-        stream = plan.tokens + generated[:-1] if self.config.cache_generated else plan.tokens
-        exact = len(stream) if plan.exact_upto is None else plan.exact_upto
-        known = min(len(stream), context.cache.get_seq_length())
-        self._prefix.insert(stream, context.cache, min(known, exact))
-        if self._session is not None and exact < known:
-            self._session.insert(stream, len(plan.tokens), context.cache, known, exact)
-        if self._reuse is None or plan.prefix is None:
-            return
-        # A recurring layout gets its own variants of the passages it had to borrow.
-        borrowed = plan.foreign_passages if self._reuse.cache.recurring(plan.prefix) else []
-        if plan.deferred or borrowed:
-            encode = plan.deferred + borrowed
-            self._reuse.cache.fetch(plan.prefix, encode, [None] * len(encode))
+        self._submit(prompt, sampling, structure, start, stream=attach)
+        return streams[0]
 
-    def _result(
-        self,
-        plan: Plan,
-        context: Context,
-        decoded: Decoded,
-        sampling: SamplingOptions,
-        cancel: Cancelled,
-        timings: Timings,
-        start: float,
-    ) -> GenerationResult:
-        ids = decoded.token_ids
-        text, stopped = cut_at_stop(self._decode_text(ids), sampling.stop)
-        if cancel.flag.is_set():
+    def _logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
+        """Logits after the prompt and after each token of ``more`` fed behind it."""
+        sampling = SamplingOptions(max_new_tokens=1)
+        request = self._submit(prompt, sampling, Structure(), time.perf_counter(), feed=more)
+        request.wait()
+        assert request.logits is not None
+        return request.logits
+
+    def _decode_text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _result(self, request: Request) -> GenerationResult:
+        """What the caller gets once ``request`` has ended (on the executor's thread)."""
+        ids = request.generated if request.feed is None else []
+        text, stopped = cut_at_stop(self._decode_text(ids), request.sampling.stop)
+        if request.cancel.is_set():
             reason = "cancelled"
-        elif stopped or (ids and ids[-1] in eos_ids(self.model)):
+        elif stopped or (ids and ids[-1] in self._handle.eos):
             reason = "stop"
         else:
             reason = "length"
-        hits = plan.hits if context.passages_hit is None else context.passages_hit
-        timings.prefill_ms = (decoded.first_at - decoded.started) * 1e3
-        timings.decode_ms = (decoded.ended - decoded.first_at) * 1e3
-        return GenerationResult(
-            text=text,
+        plan, context = request.plan, request.context
+        reused = context.reused if context is not None else 0
+        hits = (
+            plan.hits if context is None or context.passages_hit is None else context.passages_hit
+        )
+        timings = request.timings
+        first = request.first_at or request.ended_at or time.perf_counter()
+        ended = request.ended_at or first
+        timings.decode_ms = (ended - first) * 1e3
+        parsed = request.structure.parse(text)
+        result = GenerationResult(
+            text=parsed.content,
             token_ids=ids,
-            finish_reason=reason,  # type: ignore[arg-type]
+            finish_reason="tool_calls" if parsed.calls and reason == "stop" else reason,  # type: ignore[arg-type]
             prompt_tokens=len(plan.tokens),
-            reused_tokens=context.reused,
-            recomputed_tokens=len(plan.tokens) - context.reused,
-            ttft_ms=(decoded.first_at - start) * 1e3,
-            total_ms=elapsed_ms(start),
+            reused_tokens=reused,
+            recomputed_tokens=len(plan.tokens) - reused,
+            ttft_ms=(first - request.start) * 1e3,
+            total_ms=(ended - request.start) * 1e3,
             timings=timings,
             passages_hit=hits,
             passages_missed=len(plan.passages) - hits,
             passages_foreign=plan.foreign,
+            tool_calls=parsed.calls,
+            invalid_tool_calls=parsed.invalid,
         )
+        with self._counting:
+            self._requests += request.feed is None
+            self._prompt_tokens += len(plan.tokens) if request.feed is None else 0
+            self._reused_tokens += reused if request.feed is None else 0
+        return result
+
+
+class _Owner:
+    """The engine as the executor sees the requests it made (``generation.request.Owner``)."""
+
+    def __init__(self, engine: KVBoost) -> None:
+        self._engine = engine
+
+    def build(self, request: Request, row: RowKV) -> Context:
+        return self._engine._caches.build(request.plan, request.lookup, row, request.timings)
+
+    def result(self, request: Request) -> GenerationResult:
+        return self._engine._result(request)
+
+    def finished(self, request: Request, row: RowKV) -> None:
+        if request.feed is not None or request.error is not None:
+            return  # a fidelity check stores no prefix
+        executor = self._engine._handle.executor
+        self._engine._caches.remember(request.plan, request.generated, row, executor.post)

@@ -1,55 +1,69 @@
 """Warming: computing KV before the requests that reuse it (a prefix, or passages for the
-prompt layout they will be used in). A part of ``KVBoost``."""
+prompt layout they will be used in). ``KVBoost``'s warm methods hand over to a ``Warmer``.
+
+Tier reads happen on the caller's thread; each forward runs on the model's executor as a
+job between its turns (one encoding batch per job), so warming a corpus never stops the
+answers streaming meanwhile for longer than one batch."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from threading import RLock
 from typing import Any
 
 import torch
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import ContextWindowError
+from kvboost_rag.core.generation.executor import Executor
 from kvboost_rag.core.generation.result import WarmResult
 from kvboost_rag.core.model.arch import ModelSupport
-from kvboost_rag.core.model.kv import blocks_cache, kv_nbytes, layer_kv
+from kvboost_rag.core.model.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.reuse.assemble import PassageReuse
+from kvboost_rag.core.reuse.caches import Caches
 from kvboost_rag.core.reuse.passages import Prefix
-from kvboost_rag.core.reuse.prefix import PrefixCache
-from kvboost_rag.core.store.tiers import TieredStore
 
 
-class Warming:
-    """``KVBoost``'s warm methods; the engine sets these attributes."""
-
-    model: Any
-    config: KVBoostConfig
-    support: ModelSupport
-    _prompts: PromptEncoder
-    _store: TieredStore
-    _prefix: PrefixCache
-    _reuse: PassageReuse | None
-    _lock: RLock
+class Warmer:
+    def __init__(
+        self,
+        model: Any,
+        config: KVBoostConfig,
+        support: ModelSupport,
+        prompts: PromptEncoder,
+        caches: Caches,
+        executor: Executor,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.support = support
+        self._prompts = prompts
+        self._caches = caches
+        self._executor = executor
 
     def warm(self, text: str) -> WarmResult:
         """Prefill ``text`` and cache it as an exact prefix of later prompts."""
         start = time.perf_counter()
         tokens = self._prompts.text(text).tokens
-        with self._lock, torch.inference_mode():
-            match = self._prefix.match(tokens)
-            cache = blocks_cache(match.blocks, self.model.config, match.length)
-            new = 0
-            if match.length < len(tokens):
-                tail = torch.tensor([tokens[match.length :]], device=self.model.device)
-                self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
-                new = self._prefix.insert(tokens, cache, len(tokens))
-            size = kv_nbytes(layer_kv(cache))
+        self._caches.indexer.join()
+        match = self._caches.exact.match(tokens)
+        kv = self._executor.call(lambda: self._prefill(tokens, match.blocks, match.length))
+        new = (
+            self._caches.exact.insert(tokens, kv, len(tokens)) if match.length < len(tokens) else 0
+        )
         blocks = -(-len(tokens) // self.config.block_tokens)
         cached = -(-match.length // self.config.block_tokens)
+        size = kv_nbytes(kv)
         return WarmResult(1, blocks, len(tokens), cached, new, size, time.perf_counter() - start)
+
+    def _prefill(self, tokens: list[int], blocks: list[LayerKV], matched: int) -> LayerKV:
+        with torch.inference_mode():
+            cache = blocks_cache(blocks, self.model.config, matched)
+            if matched < len(tokens):
+                tail = torch.tensor([tokens[matched:]], device=self.model.device)
+                self.model(input_ids=tail, cache=cache, use_cache=True, logits_to_keep=1)
+            return layer_kv(cache)
 
     def warm_passages(
         self,
@@ -79,11 +93,10 @@ class Warming:
         start = time.perf_counter()
         conditioning = self._conditioning(reuse, prefix)
         pieces = self._fitting_pieces(texts, names, len(conditioning.tokens))
-        with self._lock, torch.inference_mode():
-            found = reuse.cache.fetch(
-                conditioning, pieces, batch_size=batch_size, progress=progress
-            )
-            self._store.flush()  # warmed means on disk, for every process
+        found = reuse.cache.fetch(
+            conditioning, pieces, batch_size=batch_size, progress=progress, run=self._encode
+        )
+        self._caches.store.flush()  # warmed means on disk, for every process
         documents = 1 if isinstance(texts, str) else len(texts)
         return WarmResult(
             documents,
@@ -94,6 +107,13 @@ class Warming:
             sum(kv_nbytes(kv) for kv in found.kv),
             time.perf_counter() - start,
         )
+
+    def _encode(self, encode: Callable[[], list[LayerKV]]) -> list[LayerKV]:
+        def job() -> list[LayerKV]:
+            with torch.inference_mode():
+                return encode()
+
+        return self._executor.call(job)
 
     def _fitting_pieces(
         self, texts: Sequence[str] | str, names: Sequence[str] | None, prefix_tokens: int
@@ -148,7 +168,7 @@ class Warming:
         return reuse.cache.prefix(self._prompts.prefix(prefix))
 
     def _passage_reuse_on(self) -> PassageReuse:
-        if self._reuse is None:
+        if self._caches.reuse is None:
             why = 'fidelity="exact"' if self.config.fidelity == "exact" else self.support.reason
             raise ValueError(f"passage reuse is off ({why}): there are no passages to warm")
-        return self._reuse
+        return self._caches.reuse

@@ -27,13 +27,15 @@ class Timings:
     """Milliseconds spent in each stage of one request (wall clock)."""
 
     tokenize_ms: float = 0.0  # prompt parsing and tokenization
-    lookup_ms: float = 0.0  # cache key hashing and lookups
+    lookup_ms: float = 0.0  # cache key hashing and lookups, tier reads included
+    wait_ms: float = 0.0  # queued for the model (other requests' builds and steps)
     encode_ms: float = 0.0  # encoding passages that were not cached yet
     assemble_ms: float = 0.0  # building the model's cache from stored KV (with re-rotation)
-    repair_ms: float = 0.0  # selective recompute, fixed text and the question's tokens
-    prefill_ms: float = 0.0  # the remaining forward pass, up to the first token
+    repair_ms: float = 0.0  # choosing the reused tokens to recompute
+    prefill_ms: float = 0.0  # the forwards computing what is left, up to the first token
     decode_ms: float = 0.0  # every token after the first
-    store_ms: float = 0.0  # saving new KV for later requests (after the answer)
+    store_ms: float = 0.0  # copying new KV out for later requests (after the last token;
+    # the stores themselves are queued off the request path)
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items()}

@@ -1,60 +1,16 @@
-"""Turning generated token ids into text deltas, timing the first token, stopping early."""
+"""Turning generated token ids into text deltas that never cross a stop string."""
 
 from __future__ import annotations
 
-import atexit
 import queue
-import threading
-import time
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import StoppingCriteria
-from transformers.generation.streamers import BaseStreamer
+from kvboost_rag.core.generation.result import GenerationResult
 
-
-class TokenCollector(BaseStreamer):
-    """Receives tokens from ``generate``: records the first token's time, forwards ids.
-
-    ``generate`` first puts the prompt, then one tensor per new token.
-    """
-
-    def __init__(self, on_token: Callable[[int], None] | None = None) -> None:
-        self.first_token_at: float | None = None
-        self.token_ids: list[int] = []
-        self._on_token = on_token
-        self._saw_prompt = False
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self._saw_prompt:
-            self._saw_prompt = True
-            return
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-        for token in value.reshape(-1).tolist():
-            self.token_ids.append(int(token))
-            if self._on_token is not None:
-                self._on_token(int(token))
-
-    def end(self) -> None:
-        pass
-
-    def expect_prompt(self) -> None:
-        """The next ``put`` is a prompt again (``generate`` called to continue)."""
-        self._saw_prompt = False
-
-
-class Cancelled(StoppingCriteria):
-    """Stops generation when the flag is set (a stream consumer went away)."""
-
-    def __init__(self) -> None:
-        self.flag = threading.Event()
-
-    def __call__(
-        self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object
-    ) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool)
+if TYPE_CHECKING:
+    from kvboost_rag.core.generation.request import Request
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -78,32 +34,27 @@ def safe_prefix_len(text: str, stops: Sequence[str]) -> int:
 
 
 class DeltaQueue:
-    """Thread-safe hand-off of text deltas from the generating thread to a consumer."""
+    """Thread-safe hand-off of text deltas from the executor's thread to a consumer."""
 
-    _DONE = object()
+    DONE = object()
 
     def __init__(self) -> None:
         self._queue: queue.Queue[object] = queue.Queue()
 
-    def put(self, delta: str) -> None:
-        if delta:
+    def put(self, delta: tuple[str, int]) -> None:
+        if delta[0]:
             self._queue.put(delta)
 
     def close(self, error: BaseException | None = None) -> None:
-        self._queue.put(error if error is not None else self._DONE)
+        self._queue.put(error if error is not None else self.DONE)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        while True:
-            item = self._queue.get()
-            if item is self._DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def get(self) -> object:
+        return self._queue.get()
 
 
 class TextDeltas:
-    """Turns a growing list of token ids into text deltas that never cross a stop string."""
+    """Turns a growing list of token ids into text deltas that never cross a stop string,
+    each with the number of tokens it was made from."""
 
     def __init__(
         self,
@@ -131,62 +82,74 @@ class TextDeltas:
 
     def _emit_upto(self, text: str, end: int) -> None:
         if end > self._emitted:
-            self._out.put(text[self._emitted : end])
+            self._out.put((text[self._emitted : end], len(self._ids)))
             self._emitted = end
 
 
 class GenerationStream:
-    """Iterate for text deltas; ``result`` holds the ``GenerationResult`` once it ends.
+    """Iterate for text deltas; ``result`` holds the ``GenerationResult`` once it ends
+    (None until then).
 
-    Generation runs in a background thread. Leaving the loop early (``break``) or calling
-    ``close()`` cancels it.
+    The request runs on the model's executor, which hands each token over as it is chosen.
+    A stream is an iterator: once it has ended, iterating it again yields nothing (its text
+    is in ``result.text``). Leaving the loop early (``break``) or calling ``close()``
+    cancels the request; ``result`` then holds what was yielded.
     """
 
     def __init__(
         self,
-        run: Callable[[Callable[[int], None], Cancelled], object],
+        request: Request,
         decode: Callable[[list[int]], str],
         stops: Sequence[str],
         visible: Callable[[str], str] | None = None,
     ) -> None:
-        self.result: object | None = None
+        self.result: GenerationResult | None = None
+        self._request = request
         self._queue = DeltaQueue()
         self._deltas = TextDeltas(decode, stops, self._queue, visible)
-        self._cancel = Cancelled()
-        self._thread = threading.Thread(target=self._work, args=(run,), daemon=True)
-        _LIVE.add(self)
-        self._thread.start()
+        self._ended = False  # the end marker was read
+        self._text: list[str] = []  # what was yielded
+        self._tokens = 0  # tokens behind what was yielded
+        request.on_token = self._deltas.on_token
+        request.on_end = self._on_end
 
-    def _work(self, run: Callable[[Callable[[int], None], Cancelled], object]) -> None:
-        try:
-            self.result = run(self._deltas.on_token, self._cancel)
-            self._deltas.finish(self.result.text)  # type: ignore[attr-defined]
-            self._queue.close()
-        except BaseException as error:  # handed to the consumer, re-raised there
-            self._queue.close(error)
+    def _on_end(self, request: Request) -> None:
+        """On the executor's thread, once the request has ended."""
+        if request.error is not None:
+            self._queue.close(request.error)
+            return
+        assert request.result is not None
+        self.result = request.result
+        self._deltas.finish(request.result.text)
+        self._queue.close()
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         try:
-            yield from self._queue
+            while not self._ended:
+                item = self._queue.get()
+                if item is DeltaQueue.DONE or isinstance(item, BaseException):
+                    self._ended = True
+                    if isinstance(item, BaseException):
+                        raise item
+                    return
+                delta, tokens = item  # type: ignore[misc]
+                self._text.append(delta)
+                self._tokens = tokens
+                yield delta
         finally:
-            if self._thread.is_alive():
-                self._cancel.flag.set()
-            self._thread.join()
+            if not self._ended:
+                self.close()
 
     def close(self) -> None:
-        self._cancel.flag.set()
-        self._thread.join()
-
-
-# Streams whose generation may still be running. A daemon thread still inside torch when
-# the interpreter finalizes aborts the process ("terminate called without an active
-# exception", exit code 134), so at exit every stream nobody finished is cancelled (it
-# stops at the next token) and joined.
-_LIVE: weakref.WeakSet[GenerationStream] = weakref.WeakSet()
-
-
-@atexit.register
-def _cancel_live_streams() -> None:
-    for stream in list(_LIVE):
-        stream._cancel.flag.set()
-        stream._thread.join()
+        """Cancel the request (if it still runs) and wait for it to end."""
+        if self._request.done.is_set() and self._ended:
+            return
+        self._request.cancel.set()
+        self._request.done.wait()
+        self._ended = True
+        result = self._request.result
+        if result is not None and result.finish_reason == "cancelled":
+            # What the consumer saw, not the tokens chosen after it stopped reading.
+            self.result = replace(
+                result, text="".join(self._text), token_ids=result.token_ids[: self._tokens]
+            )

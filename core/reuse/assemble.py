@@ -3,17 +3,34 @@ mends it. One object, absent at fidelity "exact" and for models that cannot move
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from transformers import DynamicCache
+from typing import Any, Protocol
 
 from kvboost_rag.core.model.arch import ModelSupport
-from kvboost_rag.core.model.kv import LayerKV, concat_kv
+from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.model.rope import rerotate, rotations
 from kvboost_rag.core.reuse.passages import PassageCache, PassageLookup
 from kvboost_rag.core.reuse.plan import Plan
-from kvboost_rag.core.reuse.repair import RepairPlan, RepairSettings, get_strategy, recompute
+from kvboost_rag.core.reuse.repair import RepairPlan, RepairSettings, get_strategy
+
+
+class RowKV(Protocol):
+    """The KV row a request's context is built in (positions are prompt positions)."""
+
+    def write(self, start: int, kv: LayerKV) -> None:
+        """Copy ``kv`` (per layer ``[1, heads, n, dim]``) to positions [start, start + n)."""
+
+    def zero(self, start: int, end: int) -> None:
+        """Zero positions [start, end) (fresh positions, until computed)."""
+
+    def views(self, start: int, end: int) -> LayerKV:
+        """Positions [start, end) as views."""
+
+    def copy(self, start: int, end: int) -> LayerKV:
+        """Positions [start, end) as a copy that outlives the row."""
+
+    @property
+    def length(self) -> int:
+        """Positions of the row holding KV."""
 
 
 class PassageReuse:
@@ -25,20 +42,12 @@ class PassageReuse:
         self.support = support
         self.settings = repair
 
-    def assemble(self, plan: Plan, prefix: list[LayerKV], found: PassageLookup) -> LayerKV:
-        """KV for positions [0, plan.length): the exact prefix, each passage re-rotated from
-        its stored position to its place, zeros where tokens are computed fresh."""
-        kvs = found.kv
-        template = kvs[0][0][0]
-        shape = (1, template.shape[1], plan.length, template.shape[3])
-        out = [(template.new_zeros(shape), template.new_zeros(shape)) for _ in kvs[0]]
-        if plan.exact:
-            for (k, v), (pk, pv) in zip(out, concat_kv(prefix)):
-                k[:, :, : plan.exact], v[:, :, : plan.exact] = (
-                    pk[:, :, : plan.exact],
-                    pv[:, :, : plan.exact],
-                )
-        for passage, kv, source in zip(plan.passages, kvs, found.sources):
+    def assemble(self, plan: Plan, found: PassageLookup, row: RowKV) -> None:
+        """Fill positions [plan.exact, plan.length) of ``row``: each passage re-rotated
+        from its stored position to its place, zeros where tokens are computed fresh."""
+        row.zero(plan.exact, plan.length)
+        template = found.kv[0][0][0]
+        for passage, kv, source in zip(plan.passages, found.kv, found.sources):
             skip = passage.start - passage.offset  # the head the exact prefix already covers
             shift = passage.offset - len(source.tokens)
             rots = (
@@ -47,20 +56,19 @@ class PassageReuse:
                 else [None] * len(kv)  # right after its own prefix: stored as it is needed
             )
             span = slice(skip, skip + passage.end - passage.start)
-            for (k, v), (pk, pv), rot in zip(out, kv, rots):
-                k[:, :, passage.start : passage.end] = rerotate(pk[:, :, span], rot)
-                v[:, :, passage.start : passage.end] = pv[:, :, span]
-        return out
+            moved = [(rerotate(k[:, :, span], rot), v[:, :, span]) for (k, v), rot in zip(kv, rots)]
+            row.write(passage.start, moved)
 
-    def repair(self, plan: Plan, assembled: LayerKV) -> tuple[DynamicCache, torch.Tensor, int]:
-        """One forward over the tokens the strategy picks, the fresh ones and the last
-        prompt token: the cache for every prompt position, the next-token logits, and how
-        many reused tokens were kept as they were."""
+    def repair(self, plan: Plan, row: RowKV) -> tuple[list[int], int]:
+        """The positions to compute before the first token (ascending): what the strategy
+        picks, the fresh ones and the last prompt token; and how many reused tokens are
+        kept as they are."""
         spans = [(p.start, p.end) for p in plan.passages]
-        repair_plan = RepairPlan(plan.tokens, plan.length, plan.exact, spans, assembled)
+        repair_plan = RepairPlan(
+            plan.tokens, plan.length, plan.exact, spans, row.views(0, plan.length)
+        )
         strategy = get_strategy(self.settings.strategy)
         chosen = set(strategy(repair_plan, self.settings, self.model))
         cached = {i for start, end in spans for i in range(start, end)}
         fresh = set(range(plan.exact, plan.length)) - cached
-        cache, logits = recompute(self.model, repair_plan, sorted(chosen | fresh))
-        return cache, logits, len(cached - chosen)
+        return [*sorted(chosen | fresh), plan.length], len(cached - chosen)

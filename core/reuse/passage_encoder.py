@@ -35,7 +35,7 @@ class PassageEncoder:
         """``(index, kv)`` of each passage encoded after ``prefix``, batch by batch as they
         are encoded; the KV covers the passage only, at positions ``len(prefix)..``."""
         for batch in self.batches(passages, batch_size):
-            yield from zip(batch, self._encode_batch(prefix, [passages[i] for i in batch]))
+            yield from zip(batch, self.encode_batch(prefix, [passages[i] for i in batch]))
 
     def batches(
         self, passages: Sequence[Sequence[int]], batch_size: int | None = None
@@ -73,9 +73,10 @@ class PassageEncoder:
             self._prefix_kv.popitem(last=False)
         return kv
 
-    def _encode_batch(
+    def encode_batch(
         self, prefix: Sequence[int], passages: Sequence[Sequence[int]]
     ) -> list[LayerKV]:
+        """Each passage's KV after ``prefix``, in one padded forward."""
         ids, mask = self.padded(len(prefix), passages)
         rows = len(passages)
         past = (

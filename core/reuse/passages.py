@@ -12,6 +12,7 @@ foreign. Known prefixes are those this cache warmed, encoded under or served, ne
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,7 +41,15 @@ class PassageLookup(NamedTuple):
     sources: list[Prefix]  # per passage, the prefix its KV was encoded after
     hits: int
     misses: int
+    encoded: int  # distinct passages encoded (a passage given twice is encoded once)
     encode_ms: float  # time spent encoding the misses
+
+
+Run = Callable[[Callable[[], list[LayerKV]]], list[LayerKV]]
+
+
+def _here(encode: Callable[[], list[LayerKV]]) -> list[LayerKV]:
+    return encode()
 
 
 class PassageCache:
@@ -59,6 +68,8 @@ class PassageCache:
         self._root = digest(b"passage-root", fingerprint)
         self._known: OrderedDict[bytes, Prefix] = OrderedDict()
         self._served: dict[bytes, int] = {}  # prompts located per known prefix
+        # Guards the two above: lookups run on callers' threads, encodes on the executor's.
+        self._lock = threading.Lock()
 
     def prefix(self, tokens: Sequence[int]) -> Prefix:
         """The prefix passages following ``tokens`` are encoded after (the anchor when empty)."""
@@ -73,31 +84,40 @@ class PassageCache:
         evicted before use)."""
         return self.key(*item) in self.store
 
-    def locator(self, prefix: Prefix) -> Callable[[Sequence[int]], Prefix | None]:
-        """For a prompt with ``prefix``: a function from a passage to the prefix whose
-        stored variant serves it (``prefix`` itself first; with ``nearest``, else the
-        known prefix sharing the most leading tokens), None when none is stored."""
-        self._remember(prefix)
-        self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
+    def find(
+        self, prefix: Prefix, passages: Sequence[Sequence[int]]
+    ) -> list[tuple[Prefix | None, LayerKV | None]]:
+        """For a prompt with ``prefix``: per passage, the prefix whose stored variant
+        serves it and that variant's KV (``prefix`` itself first; with ``nearest``, else
+        the known prefix sharing the most leading tokens); ``(None, None)`` when none is
+        stored. Reads the tiers; call it before taking the model."""
+        with self._lock:
+            self._remember(prefix)
+            self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
         others: list[Prefix] = []  # ranked on the first miss only: a warmed layout never is
-
-        def locate(tokens: Sequence[int]) -> Prefix | None:
-            if (prefix, tokens) in self:
-                return prefix
+        out: list[tuple[Prefix | None, LayerKV | None]] = []
+        for tokens in passages:
+            kv = self._get(prefix, tokens)
+            if kv is not None:
+                out.append((prefix, kv))
+                continue
             if self.nearest and not others:
                 others.extend(self._by_closeness(prefix))
             for candidate in others if self.nearest else []:
-                if (candidate, tokens) in self:
-                    self._remember(candidate)
-                    return candidate
-            return None
-
-        return locate
+                if (kv := self._get(candidate, tokens)) is not None:
+                    with self._lock:
+                        self._remember(candidate)
+                    out.append((candidate, kv))
+                    break
+            else:
+                out.append((None, None))
+        return out
 
     def recurring(self, prefix: Prefix) -> bool:
         """Whether more than one prompt with ``prefix`` was located: a layout that comes
         back, worth encoding its own variants for (a per-request prefix is not)."""
-        return self._served.get(prefix.key, 0) > 1
+        with self._lock:
+            return self._served.get(prefix.key, 0) > 1
 
     def cached(
         self, sources: Sequence[Prefix | None], passages: Sequence[Sequence[int]]
@@ -116,11 +136,15 @@ class PassageCache:
         known: Sequence[LayerKV | None] | None = None,
         batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
+        run: Run = _here,
     ) -> PassageLookup:
         """KV of every passage: from its source variant when stored (``sources`` default to
         ``prefix``; ``known`` is a prior ``cached()`` answer), the rest encoded after
-        ``prefix`` in batches and stored. Duplicates in one request are encoded once."""
-        self._remember(prefix)
+        ``prefix`` in batches and stored. Duplicates are encoded once. Each batch's encode
+        goes through ``run`` (the executor's ``call`` from another thread; by default it
+        runs here, on the executor's thread)."""
+        with self._lock:
+            self._remember(prefix)
         sources = [prefix] * len(passages) if sources is None else sources
         known = self.cached(sources, passages) if known is None else known
         missing: dict[tuple[int, ...], list[int]] = {}
@@ -132,22 +156,26 @@ class PassageCache:
         start = time.perf_counter()
         unique = list(missing)
         # Store each batch as it is encoded: its disk writes overlap the next batch.
-        for i, kv in self.encoder.encode(prefix.tokens, unique, batch_size):
-            key, tokens = self.key(prefix, unique[i]), prefix.tokens + unique[i]
-            self.store.put(key, tokens, kv, persist=True, approximate=True)
-            for j in missing[unique[i]]:
-                kvs[j] = kv
-            if progress is not None:
-                progress(1)
+        for batch in self.encoder.batches(unique, batch_size):
+            pieces = [unique[i] for i in batch]
+            encoded = run(lambda pieces=pieces: self.encoder.encode_batch(prefix.tokens, pieces))
+            for i, kv in zip(batch, encoded):
+                key, tokens = self.key(prefix, unique[i]), prefix.tokens + unique[i]
+                self.store.put(key, tokens, kv, persist=True, approximate=True)
+                for j in missing[unique[i]]:
+                    kvs[j] = kv
+                if progress is not None:
+                    progress(1)
         encode_ms = (time.perf_counter() - start) * 1e3 if missing else 0.0
         hits = sum(kv is not None for kv in known)
-        return PassageLookup(kvs, used, hits, len(passages) - hits, encode_ms)  # type: ignore[arg-type]
+        return PassageLookup(kvs, used, hits, len(passages) - hits, len(unique), encode_ms)  # type: ignore[arg-type]
 
     def _get(self, prefix: Prefix, tokens: Sequence[int]) -> LayerKV | None:
         entry = self.store.get(self.key(prefix, tokens), prefix.tokens + tuple(tokens))
         return None if entry is None else entry.kv
 
     def _remember(self, prefix: Prefix) -> None:
+        """Under ``_lock``."""
         self._known[prefix.key] = prefix
         self._known.move_to_end(prefix.key)
         while len(self._known) > KNOWN_PREFIXES:
@@ -157,5 +185,6 @@ class PassageCache:
     def _by_closeness(self, prefix: Prefix) -> list[Prefix]:
         """Known prefixes other than ``prefix``: most shared leading tokens first, then
         the most recently used."""
-        newest_first = [p for p in reversed(self._known.values()) if p.key != prefix.key]
+        with self._lock:
+            newest_first = [p for p in reversed(self._known.values()) if p.key != prefix.key]
         return sorted(newest_first, key=lambda p: -common_prefix(p.tokens, prefix.tokens))

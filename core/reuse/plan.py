@@ -1,14 +1,15 @@
 """What one request will reuse, decided before any tensor moves.
 
 ``make_plan`` is pure: from the prompt's tokens and passage spans, how much of it the exact
-prefix cache holds and which passages the passage cache holds, it decides the route —
+prefix cache holds and which passages the passage cache holds (what the lookup found,
+before the model is taken), it decides the route —
 prefill everything, continue a cached exact prefix, or assemble cached passages and
 repair them — and where exact KV ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,6 +41,7 @@ class PlannedPassage:
     # exact prefix already covers its head)
     tokens: tuple[int, ...]  # the whole passage: its identity in the passage cache
     source: Prefix | None  # the prefix of the stored variant to reuse; None: not cached
+    index: int  # which of the prompt's passages it is
 
     @property
     def cached(self) -> bool:
@@ -94,24 +96,21 @@ class Plan:
         return min(cuts, default=None)
 
 
-Locate = Callable[[Sequence[int]], Prefix | None]
-
-
 def make_plan(
     prompt: TokenizedPrompt,
     matched: int,
     prefix: Prefix | None,
-    locate: Locate | None,
+    sources: Sequence[Prefix | None] | None,
     approx_from: int | None = None,
 ) -> Plan:
     """``matched``: prompt tokens the prefix caches hold from position 0, exact up to
     ``approx_from`` (None: all exact). ``prefix``: what this prompt's passages are encoded
-    after; ``locate``: the prefix whose stored variant of a passage serves it, or None
-    (both None: no passage reuse)."""
+    after; ``sources``: per passage of the prompt, the prefix whose stored variant serves
+    it, or None (``sources`` None: no passage reuse)."""
     tokens, length = prompt.tokens, len(prompt.tokens) - 1
     exact = min(matched, length)
     approx = approx_from if approx_from is not None and approx_from < exact else None
-    passages = () if locate is None else _passages(prompt, exact, length, locate)
+    passages = () if sources is None else _passages(prompt, exact, length, sources)
     missing = sum(len(p.tokens) for p in passages if not p.cached)
     if passages and missing <= COLD_SHARE * sum(len(p.tokens) for p in passages):
         return Plan(tokens, length, exact, passages, "reuse", prefix, approx)
@@ -121,14 +120,21 @@ def make_plan(
     return Plan(tokens, length, exact, passages, route, prefix, approx)
 
 
+def after_exact(prompt: TokenizedPrompt, matched: int) -> list[int]:
+    """Indices of the prompt's passages that lie (partly) after its first ``matched``
+    tokens: the ones whose stored variants the lookup reads."""
+    end = min(matched, len(prompt.tokens) - 1)
+    length = len(prompt.tokens) - 1
+    return [i for i, (_, stop) in enumerate(prompt.passages) if min(stop, length) > end]
+
+
 def _passages(
-    prompt: TokenizedPrompt, exact: int, length: int, locate: Locate
+    prompt: TokenizedPrompt, exact: int, length: int, sources: Sequence[Prefix | None]
 ) -> tuple[PlannedPassage, ...]:
     out = []
-    for start, end in prompt.passages:
+    for i, ((start, end), source) in enumerate(zip(prompt.passages, sources)):
         if min(end, length) > exact:
             tokens = tuple(prompt.tokens[start:end])
-            out.append(
-                PlannedPassage(max(start, exact), min(end, length), start, tokens, locate(tokens))
-            )
+            span = max(start, exact), min(end, length)
+            out.append(PlannedPassage(*span, start, tokens, source, i))
     return tuple(out)

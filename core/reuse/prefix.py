@@ -15,13 +15,12 @@ leaves the index and the match ends before it. Full blocks stored by an earlier 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from transformers import DynamicCache
-
-from kvboost_rag.core.model.kv import LayerKV, kv_nbytes, slice_cache
-from kvboost_rag.core.store.keys import digest, prefix_block_keys
+from kvboost_rag.core.model.kv import LayerKV, kv_nbytes
+from kvboost_rag.core.store.keys import digest, prefix_block_keys, token_bytes
 from kvboost_rag.core.store.tiers import TieredStore
 
 
@@ -39,7 +38,8 @@ class Block(NamedTuple):
 
 
 class PrefixCache:
-    """Not thread-safe: the engine calls it under the model's lock."""
+    """Thread-safe: lookups run on callers' threads, inserts on the engine's indexer. The
+    index is guarded by a lock held for dictionary work only, never across tier I/O."""
 
     def __init__(
         self,
@@ -55,6 +55,7 @@ class PrefixCache:
         self.shared = shared  # written through to the shared (Redis) tier
         self.block_tokens = block_tokens
         self._root = digest(namespace, fingerprint, str(block_tokens).encode())
+        self._lock = threading.Lock()
         self._blocks: dict[bytes, Block] = {}
         # parent key -> keys indexed under it (full blocks and the tail), in insertion order
         self._children: dict[bytes, dict[bytes, None]] = {}
@@ -75,8 +76,8 @@ class PrefixCache:
         parent = chain[len(blocks) - 1] if blocks else self.parent_key(tokens, first)
         rest = tuple(tokens[length:])
         while rest and (best := self._best_child(parent, rest)) is not None:
-            key, shared = best
-            entry = self.store.get(key, self._blocks[key].tokens)
+            key, child, shared = best
+            entry = self.store.get(key, child)
             if entry is not None:
                 blocks.append([(k[:, :, :shared], v[:, :, :shared]) for k, v in entry.kv])
                 return PrefixMatch(length + shared, blocks)
@@ -84,29 +85,57 @@ class PrefixCache:
         return PrefixMatch(length, blocks)
 
     def insert(
-        self, tokens: Sequence[int], cache: DynamicCache, exact_upto: int, first: int = 0
+        self,
+        tokens: Sequence[int],
+        kv: LayerKV,
+        exact_upto: int,
+        first: int = 0,
+        kv_start: int = 0,
     ) -> int:
         """Store every full block of ``tokens[:exact_upto]`` not yet cached, from block
-        ``first`` on; returns how many.
+        ``first`` on, and the partial block after them; returns how many full blocks.
 
-        ``cache`` holds full-attention KV for at least ``exact_upto`` positions of ``tokens``.
+        ``kv`` holds full-attention KV of ``tokens`` for positions [``kv_start``,
+        ``exact_upto``), ``kv_start`` at most block ``first``'s start; stored blocks are
+        copies.
         """
-        assert cache.get_seq_length() >= exact_upto
+        assert kv_start <= first * self.block_tokens
+        assert kv[0][0].shape[-2] >= exact_upto - kv_start
         stored, parent = 0, self.parent_key(tokens, first)
         keys = self.keys(tokens[:exact_upto])
         for i, key in enumerate(keys[first:], first):
             if key not in self.store:
                 start = i * self.block_tokens
-                kv = slice_cache(cache, start, start + self.block_tokens)
-                stored += self._put(parent, key, self._block(tokens, i), kv)
+                block = _copy(kv, start - kv_start, start + self.block_tokens - kv_start)
+                stored += self._put(parent, key, self._block(tokens, i), block)
             parent = key
         start = len(keys) * self.block_tokens
-        tail, key = tuple(tokens[start:exact_upto]), self._tail_key(parent)
-        known = self._blocks.get(key)
-        if tail and (known is None or known.tokens != tail or key not in self.store):
-            # the partial last block: one tail per parent, the latest wins
-            self._put(parent, key, tail, slice_cache(cache, start, exact_upto))
+        tail = tuple(tokens[start:exact_upto])
+        if tail and not self._covered(parent, tail):
+            # the partial last block, one per distinct tail: a conversation that branched
+            # keeps every branch, as a longest-prefix cache over whole prompts does
+            piece = _copy(kv, start - kv_start, exact_upto - kv_start)
+            self._put(parent, self._tail_key(parent, tail), tail, piece)
         return stored
+
+    def cached_blocks(self, tokens: Sequence[int]) -> int:
+        """Leading full blocks of ``tokens`` indexed and held in memory (no tier I/O): the
+        ones an insert would skip."""
+        count = 0
+        for i, key in enumerate(self.keys(tokens)):
+            block = self._blocks.get(key)
+            if block is None or block.tokens != self._block(tokens, i):
+                break
+            if key not in self.store.memory:
+                break
+            count += 1
+        return count
+
+    def _covered(self, parent: bytes, tail: tuple[int, ...]) -> bool:
+        """Whether a stored child of ``parent`` starts with ``tail`` (it would serve it)."""
+        with self._lock:
+            children = [(k, self._blocks[k].tokens) for k in self._children.get(parent, ())]
+        return any(t[: len(tail)] == tail and k in self.store for k, t in children)
 
     def parent_key(self, tokens: Sequence[int], index: int) -> bytes:
         """The key block ``index`` chains from."""
@@ -117,7 +146,7 @@ class PrefixCache:
         (no KV read)."""
         chain: list[bytes] = []
         for i, key in enumerate(self.keys(tokens)[first:], first):
-            block = self._blocks.get(key)
+            block = self._blocks.get(key)  # one dict read: atomic, no lock needed
             known = block is not None and block.tokens == self._block(tokens, i)
             if not (known or (block is None and key in self.store)):
                 break
@@ -135,20 +164,25 @@ class PrefixCache:
             if entry is None:
                 self._forget(key)
                 break
-            if key not in self._blocks:  # stored by an earlier process, found on disk
+            if self._blocks.get(key) is None:  # stored by an earlier process, found on disk
                 self._index(parent, key, entry.tokens, entry.nbytes)
             blocks.append(entry.kv)
             parent = key
         return blocks
 
-    def _best_child(self, parent: bytes, rest: tuple[int, ...]) -> tuple[bytes, int] | None:
-        """The indexed child of ``parent`` sharing the most leading tokens with ``rest``."""
+    def _best_child(
+        self, parent: bytes, rest: tuple[int, ...]
+    ) -> tuple[bytes, tuple[int, ...], int] | None:
+        """The indexed child of ``parent`` sharing the most leading tokens with ``rest``:
+        its key, its tokens and how many it shares."""
+        with self._lock:
+            children = [(k, self._blocks[k].tokens) for k in self._children.get(parent, ())]
         best, shared = None, 0
-        for key in self._children.get(parent, ()):
-            n = common_prefix(self._blocks[key].tokens, rest)
+        for key, tokens in children:
+            n = common_prefix(tokens, rest)
             if n > shared:
-                best, shared = key, n
-        return None if best is None else (best, shared)
+                best, shared = (key, tokens), n
+        return None if best is None else (*best, shared)
 
     def _put(self, parent: bytes, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> bool:
         if not self.store.put(key, tokens, kv, approximate=self.approximate, share=self.shared):
@@ -157,23 +191,30 @@ class PrefixCache:
         return True
 
     def _index(self, parent: bytes, key: bytes, tokens: tuple[int, ...], nbytes: int) -> None:
-        self._blocks[key] = Block(parent, tokens, nbytes)
-        self._children.setdefault(parent, {})[key] = None
+        with self._lock:
+            self._blocks[key] = Block(parent, tokens, nbytes)
+            self._children.setdefault(parent, {})[key] = None
 
     def _forget(self, key: bytes) -> None:
-        block = self._blocks.pop(key, None)
-        if block is not None:
-            siblings = self._children.get(block.parent, {})
-            siblings.pop(key, None)
-            if not siblings:
-                self._children.pop(block.parent, None)
+        with self._lock:
+            block = self._blocks.pop(key, None)
+            if block is not None:
+                siblings = self._children.get(block.parent, {})
+                siblings.pop(key, None)
+                if not siblings:
+                    self._children.pop(block.parent, None)
 
-    def _tail_key(self, parent: bytes) -> bytes:
-        return digest(b"tail", parent)
+    def _tail_key(self, parent: bytes, tail: tuple[int, ...]) -> bytes:
+        return digest(b"tail", parent, token_bytes(tail))
 
     def _block(self, tokens: Sequence[int], index: int) -> tuple[int, ...]:
         start = index * self.block_tokens
         return tuple(tokens[start : start + self.block_tokens])
+
+
+def _copy(kv: LayerKV, start: int, end: int) -> LayerKV:
+    """Positions [start, end) of ``kv``, copied (a stored block outlives what it came from)."""
+    return [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in kv]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

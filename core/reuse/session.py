@@ -14,11 +14,11 @@ prefix cache's block chain, so a continuation reads its history block by block.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from transformers import DynamicCache
-
+from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.reuse.prefix import PrefixCache, PrefixMatch
 from kvboost_rag.core.store.tiers import TieredStore
 
@@ -29,7 +29,7 @@ MAX_CONTINUATIONS = 4096
 
 
 class SessionCache:
-    """Not thread-safe: the engine calls it under the model's lock."""
+    """Thread-safe, as ``PrefixCache`` (its answers index has a lock of its own)."""
 
     def __init__(
         self, store: TieredStore, fingerprint: bytes, block_tokens: int, setting: str
@@ -43,6 +43,7 @@ class SessionCache:
         )
         self._answers: OrderedDict[tuple[bytes, tuple[int, ...]], None] = OrderedDict()
         self._by_parent: dict[bytes, set[tuple[int, ...]]] = {}
+        self._lock = threading.Lock()
         self.block_tokens = block_tokens
 
     def match(self, tokens: Sequence[int], exact: int) -> PrefixMatch | None:
@@ -59,33 +60,39 @@ class SessionCache:
         self,
         stream: Sequence[int],
         prompt_tokens: int,
-        cache: DynamicCache,
+        kv: LayerKV,
         upto: int,
         exact: int,
+        kv_start: int = 0,
     ) -> None:
-        """Keep ``cache``'s KV for ``stream[exact:upto]`` (the prompt, then the answer
-        from position ``prompt_tokens``), whole blocks from the one holding ``exact``."""
-        self._blocks.insert(stream, cache, upto, exact // self.block_tokens)
+        """Keep ``kv`` (positions [``kv_start``, ``upto``) of ``stream``, ``kv_start`` at
+        most the start of the block holding ``exact``) for ``stream[exact:upto]``: the
+        prompt, then the answer from position ``prompt_tokens``; whole blocks from the one
+        holding ``exact``."""
+        self._blocks.insert(stream, kv, upto, exact // self.block_tokens, kv_start)
         if upto <= prompt_tokens:
             return  # no answer token in the stream: nothing to continue
         block = prompt_tokens // self.block_tokens
         start = block * self.block_tokens
         answer = (self._blocks.parent_key(stream, block), tuple(stream[start : prompt_tokens + 1]))
-        self._answers[answer] = None
-        self._answers.move_to_end(answer)
-        self._by_parent.setdefault(answer[0], set()).add(answer[1])
-        while len(self._answers) > MAX_CONTINUATIONS:
-            (parent, tokens), _ = self._answers.popitem(last=False)
-            self._by_parent[parent].discard(tokens)
-            if not self._by_parent[parent]:
-                del self._by_parent[parent]
+        with self._lock:
+            self._answers[answer] = None
+            self._answers.move_to_end(answer)
+            self._by_parent.setdefault(answer[0], set()).add(answer[1])
+            while len(self._answers) > MAX_CONTINUATIONS:
+                (parent, tokens), _ = self._answers.popitem(last=False)
+                self._by_parent[parent].discard(tokens)
+                if not self._by_parent[parent]:
+                    del self._by_parent[parent]
 
     def _continues(self, matched: Sequence[int], first: int) -> bool:
         """Whether ``matched`` holds a known prompt and its answer's first token."""
         parents = [self._blocks.parent_key(matched, 0), *self._blocks.keys(matched)]
         for block in range(first, -(-len(matched) // self.block_tokens)):
             start = block * self.block_tokens
-            for tokens in self._by_parent.get(parents[block], ()):
+            with self._lock:
+                known = list(self._by_parent.get(parents[block], ()))
+            for tokens in known:
                 if tuple(matched[start : start + len(tokens)]) == tokens:
                     return True
         return False

@@ -31,6 +31,7 @@ from kvboost_rag.core.tools.formats import (
 from kvboost_rag.core.tools.template import check_tools
 
 TOOL_CHOICES = ("auto", "required", "none")
+ResponseFormat = Mapping[str, Any]  # {"type": "json_object"} or {"type": "json_schema", ...}
 
 
 @dataclass(frozen=True)

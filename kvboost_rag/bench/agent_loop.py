@@ -18,7 +18,6 @@ from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import SamplingOptions
-from kvboost_rag.core.generation.streaming import Cancelled
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.tools.structure import Structure
 
@@ -55,14 +54,14 @@ class RecordingEngine(KVBoost):
         self.reference = reference
         self.steps: list[Step] = []
 
-    def _run(self, prompt, sampling, structure, start, on_token, cancel):  # type: ignore[no-untyped-def]
-        result = super()._run(prompt, sampling, structure, start, on_token, cancel)
-        self.reference.clear_cache()
-        full = self.reference._run(
-            prompt, sampling, structure, time.perf_counter(), None, Cancelled()
-        )
-        self.steps.append(Step(prompt, sampling, structure, result, full))
-        return result
+    def _submit(self, prompt, sampling, structure, start, feed=None, stream=None):  # type: ignore[no-untyped-def]
+        request = super()._submit(prompt, sampling, structure, start, feed, stream)
+        if feed is None:
+            result = request.wait()
+            self.reference.clear_cache()
+            full = self.reference._submit(prompt, sampling, structure, time.perf_counter())
+            self.steps.append(Step(prompt, sampling, structure, result, full.wait()))
+        return request
 
 
 def calculator_functions() -> list[Any]:

@@ -13,8 +13,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
-from kvboost_rag.core.generation.streaming import TokenCollector
+
+class TokenCollector(BaseStreamer):
+    """``generate``'s streamer: the first token's time and every generated id (it is
+    first handed the prompt, then one tensor per new token)."""
+
+    def __init__(self) -> None:
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.token_ids: list[int] = []
+        self._saw_prompt = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._saw_prompt:
+            self._saw_prompt = True
+            return
+        self.last_token_at = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        self.token_ids.extend(int(t) for t in value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)

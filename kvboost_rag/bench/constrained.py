@@ -46,7 +46,7 @@ from kvboost_rag.bench.grammars import (
     tool_target,
 )
 from kvboost_rag.bench.metrics import median
-from kvboost_rag.core.generation.decoding import eos_ids
+from kvboost_rag.core.model.handle import eos_ids
 from kvboost_rag.core.tools.structure import Structure, json_schema
 
 # Target -> the request whose prompt it is decoded after.

@@ -11,16 +11,11 @@ from typing import Any
 import pytest
 import torch
 from conftest import make_model
-from transformers import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    MaxLengthCriteria,
-    StoppingCriteriaList,
-)
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.generation import batching
-from kvboost_rag.core.generation.streaming import Cancelled, TokenCollector
+from kvboost_rag.core.generation import executor as executor_module
+from kvboost_rag.core.generation import sampler as sampler_module
+from kvboost_rag.core.generation import slots as slots_module
 
 PASSAGES = [
     "The lighthouse keeper logs the weather at dawn and dusk.",
@@ -158,42 +153,26 @@ def test_a_bad_request_fails_alone(tokenizer: Any) -> None:
     assert [g for i, g in enumerate(got) if i not in (2, 4)] == want
 
 
-class Boom(LogitsProcessor):
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("boom")
+def test_a_step_that_fails_fails_only_its_request(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token choice that raises mid-decode (a processor, here injected) ends its own
+    request only; the others in the batch answer as if alone."""
+    batched, serial = engines("llama", tokenizer)
+    work = prompts(3)
+    want = [ask(serial, *w) for w in work]
+    bad = batched.tokenize(work[1][0], passages=work[1][1])
+    choose = sampler_module.Sampler.choose
 
+    def boom(self: Any, tokens: list[int], logits: torch.Tensor) -> int:
+        if tokens[: len(bad)] == bad and len(tokens) == len(bad) + 2:
+            raise RuntimeError("boom")
+        return choose(self, tokens, logits)
 
-def test_a_step_that_fails_fails_only_its_request(tokenizer: Any) -> None:
-    """A processor that raises mid-decode (here injected) ends its own request only."""
-    model = make_model("llama")
-    engine = KVBoost(model, tokenizer, KVBoostConfig(block_tokens=8))
-    batcher = batching.model_batcher(model, engine._lock)
-
-    def job(tokens: list[int], fail: bool) -> batching.Job:
-        with torch.inference_mode():
-            out = model(input_ids=torch.tensor([tokens[:-1]]))
-        boom = LogitsProcessorList([Boom()] if fail else [])
-        return batching.Job(
-            tokens=list(tokens),
-            kv=[(k, v) for k, v in ((layer.keys, layer.values) for layer in out.cache.layers)],
-            do_sample=False,
-            processors=boom,
-            stopping=StoppingCriteriaList([MaxLengthCriteria(len(tokens) + 4)]),
-            generator=None,
-            collector=TokenCollector(),
-            cancel=Cancelled(),
-            limit=8,
-        )
-
-    jobs = [job([5, 6, 7, 8], False), job([9, 10, 11], True), job([12, 13, 14, 15, 16], False)]
-    for item in jobs:
-        item.collector.put(torch.tensor(item.tokens))  # the prompt, skipped
-        batcher.submit(item)
-    for item in jobs:
-        item.done.wait(30)
-    assert isinstance(jobs[1].error, RuntimeError)
-    assert jobs[0].error is None and jobs[2].error is None
-    assert len(jobs[0].tokens) == 8 and len(jobs[2].tokens) == 9
+    monkeypatch.setattr(sampler_module.Sampler, "choose", boom)
+    got = together([lambda w=w: ask(batched, *w) for w in work])
+    assert isinstance(got[1], RuntimeError)
+    assert got[0] == want[0] and got[2] == want[2]
 
 
 def test_max_batch_size_bounds_the_batch(tokenizer: Any) -> None:
@@ -209,7 +188,7 @@ def test_one_at_a_time_never_batches(tokenizer: Any) -> None:
     _, serial = engines("llama", tokenizer)
     together([lambda w=w: ask(serial, *w) for w in prompts(4)])
     stats = serial.stats().batch
-    assert stats is not None and stats.steps == 0
+    assert stats is not None and stats.peak == 1 and stats.steps == stats.rows
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, "8"])
@@ -219,11 +198,11 @@ def test_max_batch_size_is_validated(value: Any) -> None:
 
 
 def test_the_batch_thread_ends_when_idle(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batching, "IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(executor_module, "IDLE_SECONDS", 0.2)
     batched, _ = engines("llama", tokenizer)
     together([lambda w=w: ask(batched, *w) for w in prompts(3)])
     deadline = time.monotonic() + 10
-    while any(t.name == "kvboost-batch" for t in threading.enumerate()):
+    while any(t.name == "kvboost-executor" for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the batch thread outlived its work"
         time.sleep(0.05)
     assert ask(batched, *prompts(1)[0])  # and a later request starts a new one
@@ -273,25 +252,31 @@ def test_llamaindex_async_calls_decode_together(tokenizer: Any) -> None:
 
 
 def test_stats_do_not_wait_for_the_model(tokenizer: Any) -> None:
-    """A monitoring thread reads stats while a request holds the model (here: its lock)."""
+    """A monitoring thread reads stats while the model is busy (here: a job holding the
+    executor's thread)."""
     batched, _ = engines("llama", tokenizer)
     ask(batched, *prompts(1)[0])
-    with batched._lock:
+    release = threading.Event()
+    job = batched._handle.executor.post(release.wait)
+    try:
         got = together([batched.stats], timeout=10)
+    finally:
+        release.set()
+        job.wait()
     assert got[0].requests == 1
 
 
 def test_a_batch_that_cannot_be_built_fails_its_requests(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Restacking that fails (say, out of memory) ends the requests with the error instead
-    of leaving them waiting, and the next requests are served."""
+    """Rows that cannot be allocated (say, out of memory) end the requests with the error
+    instead of leaving them waiting, and the next requests are served."""
     batched, serial = engines("llama", tokenizer)
 
-    def fail(rows: Any, room: int = 64) -> Any:
+    def fail(self: Any, keys: Any, values: Any) -> None:
         raise MemoryError("no room for the batch")
 
-    monkeypatch.setattr(batching, "stack_rows", fail)
+    monkeypatch.setattr(slots_module.SlotLayer, "ensure", fail)
     got = together([lambda w=w: ask(batched, *w) for w in prompts(3)], timeout=60)
     assert all(isinstance(g, MemoryError) for g in got)
     monkeypatch.undo()

@@ -17,6 +17,29 @@ DOCS = [
 QUESTION = "Question: which river flows north? Answer:"
 
 
+class TensorRow:
+    """A KV row over plain tensors (what the executor's rows are to a context build)."""
+
+    def __init__(self, like: list, length: int) -> None:
+        k = like[0][0][0]
+        shape = (1, k.shape[1], length, k.shape[-1])
+        self.kv = [(k.new_zeros(shape), k.new_zeros(shape)) for _ in like[0]]
+        self.length = 0
+
+    def write(self, start: int, kv: list) -> None:
+        n = kv[0][0].shape[-2]
+        for (k, v), (nk, nv) in zip(self.kv, kv):
+            k[:, :, start : start + n], v[:, :, start : start + n] = nk, nv
+        self.length = max(self.length, start + n)
+
+    def zero(self, start: int, end: int) -> None:
+        for k, v in self.kv:
+            k[:, :, start:end] = v[:, :, start:end] = 0
+
+    def views(self, start: int, end: int) -> list:
+        return [(k[:, :, start:end], v[:, :, start:end]) for k, v in self.kv]
+
+
 def engine_with(arch: str, tokenizer, **config) -> KVBoost:
     return KVBoost(make_model(arch), tokenizer, KVBoostConfig(block_tokens=8, **config))
 
@@ -188,8 +211,9 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     cache = engine._reuse.cache
     prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
     found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
-    assembled = engine._reuse.assemble(make_plan(prompt, 0, prefix, lambda t: prefix), [], found)
-    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, assembled)
+    row = TensorRow(found.kv, n)
+    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
+    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
         chosen = choose_query(plan, RepairSettings("query", 0, 0.1, None), engine.model)
@@ -214,8 +238,10 @@ def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -
     cache = engine._reuse.cache
     prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
     found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
-    assembled = engine._reuse.assemble(make_plan(prompt, 0, prefix, lambda t: prefix), [], found)
-    plan = RepairPlan(prompt.tokens, len(prompt.tokens) - 1, 0, prompt.passages, assembled)
+    n = len(prompt.tokens) - 1
+    row = TensorRow(found.kv, n)
+    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
+    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
         one = choose_passages(plan, RepairSettings("passage", 0, 0.01, None), engine.model)

@@ -4,7 +4,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from kvboost_rag.core.model.kv import kv_nbytes
 from kvboost_rag.core.reuse.prefix import PrefixCache
@@ -28,16 +27,13 @@ class CountingStore(TieredStore):
         return super().get(key, tokens)
 
 
-def cache_for(tokens: Sequence[int]) -> DynamicCache:
+def cache_for(tokens: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """KV whose keys hold each position's token id and values its position, so a matched
     slice shows which stored stream and positions it came from."""
     n = len(tokens)
     keys = torch.tensor(tokens, dtype=torch.float32).view(1, 1, n, 1).expand(1, 2, n, 3)
     values = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).expand(1, 2, n, 3)
-    cache = DynamicCache()
-    for layer in range(2):
-        cache.update(keys.clone(), values.clone(), layer)
-    return cache
+    return [(keys.clone(), values.clone()) for _ in range(2)]
 
 
 def store_stream(prefix: PrefixCache, tokens: list[int]) -> None:

@@ -98,7 +98,7 @@ def test_the_nearest_prefix_is_the_one_sharing_most_leading_tokens(tokenizer) ->
     engine.warm_passages(DOCS[:1], prefix=prompt(OTHER_HEAD, ["x"]))  # newer, further
     mine = cache.prefix(engine.passage_prefix(prompt(HEAD + "B\n", ["x"])))
     tokens = tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
-    assert cache.locator(mine)(tokens) == close != far
+    assert cache.find(mine, [tokens])[0][0] == close != far
 
 
 def test_a_new_layout_with_most_passages_missing_is_prefilled_exactly(tokenizer) -> None:
@@ -108,7 +108,7 @@ def test_a_new_layout_with_most_passages_missing_is_prefilled_exactly(tokenizer)
     result = engine.generate(text, max_new_tokens=1)
     assert result.passages_missed == 3 and result.reused_tokens == 0
     torch.testing.assert_close(
-        engine._prompt_logits(engine._prompts.text(text), [])[0],
+        engine.first_token_logits(text),
         full_logits(engine, text),
         atol=1e-5,
         rtol=0,

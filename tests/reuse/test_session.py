@@ -60,14 +60,14 @@ def test_session_kv_never_enters_the_exact_prefix_cache() -> None:
     follow = PROMPT + first.text + " More:"
     engine.generate(follow, max_new_tokens=1)
     system = len(engine.tokenize(SYSTEM))
-    assert engine._prefix.match(engine.tokenize(follow)).length <= system + 1
+    assert engine._caches.exact.match(engine.tokenize(follow)).length <= system + 1
 
 
 def test_exact_fidelity_keeps_no_session() -> None:
     engine = KVBoost(
         make_model("llama"), engines("fast")[0].tokenizer, KVBoostConfig(fidelity="exact")
     )
-    assert engine._session is None
+    assert engine._caches.session is None
     first = engine.generate(PROMPT, max_new_tokens=3)
     again = engine.generate(PROMPT + first.text, max_new_tokens=1)
     # The exact prefix cache alone serves the continuation, exactly.

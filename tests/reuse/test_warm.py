@@ -145,12 +145,14 @@ def test_warm_passages_names_a_text_by_its_index(engine: KVBoost) -> None:
         engine.warm_passages(["fine", "x" * 600])
 
 
-def test_a_quiet_warm_starts_no_thread(engine: KVBoost) -> None:
+def test_a_quiet_warm_leaves_no_thread_behind(engine: KVBoost) -> None:
+    """No progress bar's monitor thread; the model's executor ends once idle."""
     code = (
-        "import sys, threading; sys.path.insert(0, 'tests'); from conftest import make_model, "
-        "make_tokenizer; from kvboost_rag import KVBoost, warm_corpus; "
+        "import sys, threading, time; sys.path.insert(0, 'tests'); from conftest import "
+        "make_model, make_tokenizer; from kvboost_rag import KVBoost, warm_corpus; "
+        "from kvboost_rag.core.generation import executor; executor.IDLE_SECONDS = 0.1; "
         "e = KVBoost(make_model('llama'), make_tokenizer()); "
-        "warm_corpus(e, ['Some text.'], progress=False); "
+        "warm_corpus(e, ['Some text.'], progress=False); time.sleep(1.0); "
         "assert threading.active_count() == 1, threading.enumerate()"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

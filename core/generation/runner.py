@@ -1,0 +1,108 @@
+"""One forward of the model over rows of the executor's ``SlotCache``.
+
+Every forward the engine runs on a request's row goes through ``Runner.run``: each row
+feeds some tokens at given positions (a prefill, a cached prefix's continuation, a repair
+pass's scattered positions, a decoding step); their KV is written at those positions and
+each token attends to its row's positions up to its own. Rows feeding fewer tokens than
+others are padded on the left (pads write to the scratch column and see position 0), so
+every row's last real token is the forward's last query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvboost_rag.core.generation.slots import SlotCache, Write
+from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.model.hf_compat import attention_implementation
+
+
+class Runner:
+    """Not thread-safe: the executor's thread runs every forward."""
+
+    def __init__(self, model: Any, support: ModelSupport, slots: SlotCache) -> None:
+        self.model = model
+        self.support = support
+        self.slots = slots
+        self.forwards = 0
+        self.tokens = 0  # real tokens fed, pads excluded
+
+    def run_rows(
+        self,
+        rows: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        positions: Sequence[Sequence[int]],
+        keep: int = 1,
+    ) -> torch.Tensor:
+        """Feed ``tokens[i]`` at ``positions[i]`` (ascending) to row ``rows[i]``; float32
+        logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row."""
+        width = max(p[-1] for p in positions) + 1
+        self.slots.reserve(max(rows) + 1, width)
+        contiguous = list(rows) == list(range(rows[0], rows[0] + len(rows)))
+        index = (
+            slice(rows[0], rows[0] + len(rows))
+            if contiguous
+            else torch.tensor(list(rows), device=self.model.device)
+        )
+        write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
+        with self.slots.forward(write) as cache:
+            out = self.model(
+                input_ids=ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        for row, row_positions in zip(rows, positions):
+            self.slots.lengths[row] = max(self.slots.lengths[row], row_positions[-1] + 1)
+        self.forwards += 1
+        self.tokens += sum(map(len, tokens))
+        return out.logits[:, -keep:].float()
+
+    def _layout(
+        self,
+        rows: slice | torch.Tensor,
+        first: int,
+        tokens: Sequence[Sequence[int]],
+        positions: Sequence[Sequence[int]],
+        width: int,
+    ) -> tuple[Write, torch.Tensor, torch.Tensor, Any]:
+        device = self.model.device
+        past = self.slots.lengths[first]
+        if len(tokens) == 1 and list(positions[0]) == list(range(past, past + len(tokens[0]))):
+            # One row continuing at its end: transformers builds its own (causal, windowed)
+            # mask from the positions, or none at all, and attention takes its fast path.
+            ids = torch.tensor([list(tokens[0])], device=device)
+            position_ids = torch.tensor([list(positions[0])], device=device)
+            return Write(rows, None, past, width, past), ids, position_ids, None
+        q = max(map(len, tokens))
+        ids = torch.zeros((len(tokens), q), dtype=torch.long)
+        seen = torch.zeros((len(tokens), q), dtype=torch.long)  # pads see position 0
+        columns = torch.full((len(tokens), q), self.slots.scratch, dtype=torch.long)
+        for i, (row_tokens, row_positions) in enumerate(zip(tokens, positions)):
+            n = len(row_tokens)
+            ids[i, q - n :] = torch.tensor(list(row_tokens))
+            seen[i, q - n :] = columns[i, q - n :] = torch.tensor(list(row_positions))
+        seen = seen.to(device)
+        write = Write(rows, columns.to(device), 0, width, past)
+        return write, ids.to(device), seen, self._mask(seen, width)
+
+    def _mask(self, seen: torch.Tensor, width: int) -> Any:
+        """Query ``j`` of row ``b`` sees the row's columns up to ``seen[b, j]`` (within a
+        sliding window, for windowed layers), as the model's forward takes masks."""
+        columns = torch.arange(width, device=seen.device)[None, None, :]
+        causal = columns <= seen[:, :, None]
+        boolean = attention_implementation(self.model) == "sdpa"
+
+        def build(window: int | None) -> torch.Tensor:
+            allowed = causal if window is None else causal & (columns > seen[:, :, None] - window)
+            if boolean:
+                return allowed[:, None]
+            mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=seen.device)
+            return mask.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)[:, None]
+
+        return self.support.attention_masks(build)

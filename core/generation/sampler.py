@@ -1,0 +1,72 @@
+"""Choosing each next token as ``generate`` would, for one request.
+
+A request's sampler holds the logits processors and stopping criteria ``generate`` builds
+from the model's generation config with the request's options applied (repetition
+penalty, min_p, temperature, top-k/p, EOS, stop strings, the length limit), its grammar's
+mask among them, and its seeded random stream. The first token (from a repair or prefill
+pass) and every later one go through it, so a cached answer decodes what ``generate``
+would on the same logits: greedy token for token, seeded sampling draw for draw (a seeded
+``generate`` draws from the global stream seeded the same way).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.model import hf_compat
+
+
+class CancelCriteria(StoppingCriteria):
+    """Stops a request once its cancel flag is set (its stream's consumer went away)."""
+
+    def __init__(self, flag: threading.Event) -> None:
+        self.flag = flag
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: object) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool)
+
+
+class Sampler:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        sampling: SamplingOptions,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        cancel: threading.Event,
+        extra: LogitsProcessorList | None = None,
+    ) -> None:
+        config = sampling.generation_config(model.generation_config, max_new_tokens)
+        self.processors = hf_compat.logits_processors(
+            model, config, prompt_tokens, extra or LogitsProcessorList()
+        )
+        config.max_length = prompt_tokens + max_new_tokens  # what generate derives
+        self.stopping = hf_compat.stopping_criteria(
+            model, config, tokenizer, StoppingCriteriaList([CancelCriteria(cancel)])
+        )
+        self.do_sample = bool(config.do_sample)
+        self.generator = None
+        if sampling.seed is not None:  # the stream a seeded ``generate`` would draw from
+            self.generator = torch.Generator(device=model.device).manual_seed(sampling.seed)
+
+    def choose(self, tokens: list[int], logits: torch.Tensor) -> int:
+        """The next token after ``tokens`` (prompt and answer so far) from its float32
+        next-token logits ``[vocab]``."""
+        scores = logits[None]
+        if len(self.processors):
+            ids = torch.tensor([tokens], device=logits.device)
+            scores = self.processors(ids, scores)  # type: ignore[arg-type]
+        if self.do_sample:
+            probs = torch.softmax(scores, dim=-1)
+            return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(scores.argmax())
+
+    def finished(self, tokens: list[int]) -> bool:
+        """Whether the request ends after ``tokens`` (its last token included)."""
+        return bool(self.stopping(torch.tensor([tokens]), None).any())  # type: ignore[arg-type]

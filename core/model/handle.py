@@ -1,0 +1,64 @@
+"""What every engine on one model shares: the model's structure and the executor that runs
+it, so requests from several engines on one model decode together and never interleave
+forwards. Held here, in one registry keyed by the model object (weakly), instead of as
+attributes set on the user's model.
+
+The registry holds handles weakly, keyed by the model's ``id``: a handle keeps its model
+alive, so the id cannot be reused while the entry exists, and the entry goes with the last
+engine holding the handle."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvboost_rag.core.model.arch import ModelSupport, model_support
+
+if TYPE_CHECKING:
+    from kvboost_rag.core.generation.executor import Executor
+
+
+@dataclass(eq=False)
+class ModelHandle:
+    model: Any
+    support: ModelSupport
+    eos: frozenset[int]  # token ids that end an answer (the generation config's)
+    executor: Executor = field(repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.model.device)
+
+    @property
+    def context_window(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    @classmethod
+    def of(cls, model: Any) -> ModelHandle:
+        """The handle of ``model``, made on first use (thread-safe)."""
+        with _GUARD:
+            handle = _HANDLES.get(id(model))
+            if handle is None or handle.model is not model:
+                handle = _make(model)
+                _HANDLES[id(model)] = handle
+            return handle
+
+
+def eos_ids(model: Any) -> frozenset[int]:
+    eos = model.generation_config.eos_token_id
+    return frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+def _make(model: Any) -> ModelHandle:
+    from kvboost_rag.core.generation.executor import Executor
+
+    support = model_support(model)
+    return ModelHandle(model, support, eos_ids(model), Executor(model, support))
+
+
+_GUARD = threading.Lock()
+_HANDLES: weakref.WeakValueDictionary[int, ModelHandle] = weakref.WeakValueDictionary()

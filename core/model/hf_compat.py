@@ -1,0 +1,65 @@
+"""Every private transformers call the engine makes, in one place, behind a tested range.
+
+transformers has no public builder for what ``generate`` prepares before its loop (the
+logits processors and stopping criteria it derives from a ``GenerationConfig``), and its
+attention registry is public but young. The engine decodes in its own loop and must pick
+tokens exactly as ``generate`` would, so it calls the same private methods ``generate``
+calls. They are used here only; ``TESTED`` is the range the test suite runs against, and
+``pyproject.toml`` pins the dependency to it (``tests/model/test_hf_compat.py`` checks both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+# transformers releases whose private generate helpers this module was tested with:
+# [low, high). Keep in step with the pin in pyproject.toml.
+TESTED = (Version("5.24"), Version("5.25"))
+
+
+def version_supported(version: str = transformers.__version__) -> bool:
+    low, high = TESTED
+    return low <= Version(Version(version).base_version) < high
+
+
+def logits_processors(
+    model: Any, config: GenerationConfig, prompt_tokens: int, extra: LogitsProcessorList
+) -> LogitsProcessorList:
+    """The logits processors ``generate`` builds from ``config`` (prepared in place: pass a
+    copy) for a prompt of ``prompt_tokens`` tokens, ``extra`` merged in, in its order."""
+    model._prepare_special_tokens(config, True, device=model.device)
+    return model._get_logits_processor(  # type: ignore[no-any-return]
+        generation_config=config,
+        input_ids_seq_length=prompt_tokens,
+        encoder_input_ids=torch.zeros((1, prompt_tokens), dtype=torch.long),
+        logits_processor=extra,
+        device=model.device,
+        model_kwargs={},
+    )
+
+
+def stopping_criteria(
+    model: Any, config: GenerationConfig, tokenizer: Any, extra: StoppingCriteriaList
+) -> StoppingCriteriaList:
+    """The stopping criteria ``generate`` builds from ``config`` (max length, EOS, stop
+    strings), ``extra`` merged in. Call after ``logits_processors`` prepared ``config``."""
+    return model._get_stopping_criteria(  # type: ignore[no-any-return]
+        generation_config=config, stopping_criteria=extra, tokenizer=tokenizer
+    )
+
+
+def layer_types(config: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Per decoder layer, transformers' cache layer type and its keyword arguments
+    (``sliding_window`` for sliding layers), as ``DynamicCache`` reads them."""
+    return get_layer_types_and_kwargs(config)  # type: ignore[no-any-return]
+
+
+def attention_implementation(model: Any) -> str:
+    """The attention implementation the model's layers run (``"sdpa"``, ``"eager"``, ...)."""
+    return str(model.config._attn_implementation)

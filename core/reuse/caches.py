@@ -1,0 +1,194 @@
+"""Everything one engine caches, and the three things a request asks of it: what is stored
+for its prompt (``look_up``, on the caller's thread), its context built from that
+(``build``, on the executor's) and what to keep after its answer (``remember``).
+
+Nothing here waits on storage while the model waits: lookups read the tiers before the
+request reaches the executor, and what an answer leaves behind is copied out of its row
+and stored by the ``indexer`` thread (the index update) and the tiers' own background
+writers (disk and shared-tier files). Passages a cold prompt deferred are encoded by an
+executor job. A later lookup waits for the index updates already queued, and for a
+deferred encode of a passage it needs, so a request sees what every request that ended
+before it stored, as in a serial run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.generation.result import Timings
+from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.prompt.prompts import anchor_tokens
+from kvboost_rag.core.reuse.assemble import PassageReuse, RowKV
+from kvboost_rag.core.reuse.context import Context, build_context
+from kvboost_rag.core.reuse.lookup import Lookup, look_up
+from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
+from kvboost_rag.core.reuse.passages import PassageCache, Prefix
+from kvboost_rag.core.reuse.plan import Plan
+from kvboost_rag.core.reuse.prefix import PrefixCache
+from kvboost_rag.core.reuse.session import SessionCache
+from kvboost_rag.core.store.tiers import TieredStore
+from kvboost_rag.core.store.writer import Writer
+
+Post = Callable[[Callable[[], object]], object]  # queues a job on the model's executor
+
+
+class Caches:
+    def __init__(
+        self,
+        model: Any,
+        support: ModelSupport,
+        config: KVBoostConfig,
+        store: TieredStore,
+        fingerprint: bytes,
+        special_prefix: list[int],
+        tokenizer: Any,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.exact = PrefixCache(store, fingerprint, config.block_tokens)
+        self.reuse = _passage_reuse(
+            model, support, config, store, fingerprint, special_prefix, tokenizer
+        )
+        # An agent's or a conversation's next request extends this one: the KV it used
+        # after its first reused passage (approximate, so never in the exact prefix cache)
+        # is kept under a key space of its own, per repair setting, and continued from.
+        self.session = (
+            SessionCache(store, fingerprint, config.block_tokens, repr(config.repair_settings()))
+            if self.reuse is not None
+            else None
+        )
+        self.indexer: Writer[Callable[[], None]] = Writer("kvboost-indexer", lambda job: job())
+        # An index update still running when the interpreter finalizes aborts the process.
+        atexit.register(_close_at_exit, weakref.ref(self))
+        # Deferred passage encodes, by passage: a lookup waits for those of its passages
+        # (under any prefix: the nearest-prefix fallback may read another layout's variant).
+        self._encoding: dict[tuple[int, ...], threading.Event] = {}
+        self._encoding_lock = threading.Lock()
+
+    @property
+    def passages(self) -> PassageCache | None:
+        return None if self.reuse is None else self.reuse.cache
+
+    # -- before the model --------------------------------------------------------------
+
+    def look_up(self, prompt: TokenizedPrompt) -> Lookup:
+        self.indexer.join()  # the index updates of requests that already ended
+        self._await_encodes(prompt)
+        return look_up(
+            prompt,
+            self.exact,
+            self.session,
+            self.passages,
+            own_prefix=self._own(),
+        )
+
+    def _await_encodes(self, prompt: TokenizedPrompt) -> None:
+        for start, end in prompt.passages if self._encoding else ():
+            with self._encoding_lock:
+                event = self._encoding.get(tuple(prompt.tokens[start:end]))
+            if event is not None:
+                event.wait()
+
+    def _own(self) -> bool:
+        return self.config.passage_prefix == "prompt"
+
+    # -- on the executor ---------------------------------------------------------------
+
+    def build(self, plan: Plan, lookup: Lookup, row: RowKV, timings: Timings) -> Context:
+        return build_context(plan, lookup, self.reuse, row, timings)
+
+    def remember(self, plan: Plan, generated: list[int], row: RowKV, post: Post) -> None:
+        """Queue the stores of an answered request: its new exact prefix blocks (the
+        answer's too, with ``cache_generated``), its session KV, and the passages a cold
+        prompt deferred. KV after the first reused passage is approximate and never
+        enters the exact prefix cache."""
+        stream = plan.tokens + generated[:-1] if self.config.cache_generated else plan.tokens
+        exact = len(stream) if plan.exact_upto is None else plan.exact_upto
+        known = min(len(stream), row.length)
+        upto = min(known, exact)
+        session = self.session is not None and exact < known
+        start = self.exact.cached_blocks(stream[:upto]) * self.config.block_tokens
+        if session:
+            start = min(start, exact // self.config.block_tokens * self.config.block_tokens)
+        if start < known:
+            kv = row.copy(start, known)  # the row is reused once this returns
+            insert = partial(self._insert, stream, kv, start, upto, known, exact, plan)
+            if not self.indexer.submit(insert):  # closed: the interpreter is exiting
+                insert()
+        self._defer(plan, post)
+
+    def _insert(
+        self, stream: list[int], kv: Any, start: int, upto: int, known: int, exact: int, plan: Plan
+    ) -> None:
+        block = self.config.block_tokens
+        self.exact.insert(stream, kv, upto, start // block, kv_start=start)
+        if self.session is not None and exact < known:
+            self.session.insert(stream, len(plan.tokens), kv, known, exact, kv_start=start)
+
+    def _defer(self, plan: Plan, post: Post) -> None:
+        """Encode, after the answer, the passages a prefilled prompt had no variant of and,
+        for a layout that recurs, its own variants of the ones it borrowed."""
+        cache = self.passages
+        if cache is None or plan.prefix is None:
+            return
+        borrowed = plan.foreign_passages if cache.recurring(plan.prefix) else []
+        encode = [p for p in dict.fromkeys(plan.deferred + borrowed)]
+        if not encode:
+            return
+        prefix = plan.prefix
+        events = {}
+        with self._encoding_lock:
+            for tokens in encode:
+                events[tokens] = self._encoding.setdefault(tokens, threading.Event())
+        for tokens in encode:  # one job per passage: a request waits for one at most
+            post(lambda tokens=tokens: self._encode(prefix, tokens, events[tokens]))
+
+    def _encode(self, prefix: Prefix, tokens: tuple[int, ...], event: threading.Event) -> None:
+        assert self.passages is not None
+        try:
+            self.passages.fetch(prefix, [tokens], [None])
+        finally:
+            with self._encoding_lock:
+                if self._encoding.get(tokens) is event:
+                    del self._encoding[tokens]
+            event.set()
+
+
+def _close_at_exit(ref: weakref.ref[Caches]) -> None:
+    caches = ref()
+    if caches is not None:
+        caches.indexer.close()
+
+
+def _passage_reuse(
+    model: Any,
+    support: ModelSupport,
+    config: KVBoostConfig,
+    store: TieredStore,
+    fingerprint: bytes,
+    special_prefix: list[int],
+    tokenizer: Any,
+) -> PassageReuse | None:
+    settings = config.repair_settings()
+    if settings is None:  # fidelity "exact"
+        return None
+    if not support.passage_reuse:
+        warnings.warn(f"{support.reason}; using exact prefix reuse only", stacklevel=4)
+        return None
+    anchor = anchor_tokens(tokenizer, special_prefix) if config.passage_anchor else []
+    cache = PassageCache(
+        store,
+        PassageEncoder(model, config.encode_batch_tokens),
+        fingerprint,
+        anchor,
+        nearest=config.prefix_fallback == "nearest",
+    )
+    return PassageReuse(model, cache, support, settings)

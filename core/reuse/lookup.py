@@ -1,0 +1,59 @@
+"""What the caches hold for one prompt, read from the tiers before the model is taken.
+
+A request's lookup runs on its caller's thread: the exact prefix cache's longest match (and
+the session cache's continuation of it), then the stored variant of each passage after it
+(memory, disk, the shared tier). Their KV comes back as plain data, which ``make_plan``
+turns into a route without touching storage, and the executor builds the request's
+context from it without waiting on storage either.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.prompt.prompts import before_passages
+from kvboost_rag.core.reuse.passages import PassageCache, Prefix
+from kvboost_rag.core.reuse.plan import Plan, after_exact, make_plan
+from kvboost_rag.core.reuse.prefix import PrefixCache
+from kvboost_rag.core.reuse.session import SessionCache
+
+
+class Lookup(NamedTuple):
+    matched: int  # prompt tokens the prefix caches hold from position 0
+    approx_from: int | None  # where session KV (approximate) starts; None: all exact
+    blocks: list[LayerKV]  # KV of those tokens, block by block
+    prefix: Prefix | None  # what the prompt's passages are encoded after; None: no reuse
+    sources: list[Prefix | None] | None  # per passage, the prefix of its stored variant
+    passage_kv: list[LayerKV | None]  # per passage, that variant's KV (None: not found)
+
+    def plan(self, prompt: TokenizedPrompt) -> Plan:
+        return make_plan(prompt, self.matched, self.prefix, self.sources, self.approx_from)
+
+
+def look_up(
+    prompt: TokenizedPrompt,
+    exact: PrefixCache,
+    session: SessionCache | None,
+    passages: PassageCache | None,
+    own_prefix: bool,
+) -> Lookup:
+    """``passages`` None: no passage reuse. ``own_prefix``: passages are encoded after the
+    prompt's own text before its first passage (else after the cache's anchor)."""
+    match = exact.match(prompt.tokens)
+    matched, blocks, approx = match.length, match.blocks, None
+    more = session.match(prompt.tokens, match.length) if session is not None else None
+    if more is not None:
+        first = match.length // exact.block_tokens
+        matched, blocks, approx = more.length, blocks[:first] + more.blocks, match.length
+    if passages is None or not prompt.passages:
+        return Lookup(matched, approx, blocks, None, None, [])
+    prefix = passages.prefix(before_passages(prompt) if own_prefix else [])
+    sources: list[Prefix | None] = [None] * len(prompt.passages)
+    kvs: list[LayerKV | None] = [None] * len(prompt.passages)
+    wanted = after_exact(prompt, matched)
+    found = passages.find(prefix, [prompt.tokens[slice(*prompt.passages[i])] for i in wanted])
+    for i, (source, kv) in zip(wanted, found):
+        sources[i], kvs[i] = source, kv
+    return Lookup(matched, approx, blocks, prefix, sources, kvs)
