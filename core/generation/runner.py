@@ -11,13 +11,14 @@ every row's last real token is the forward's last query.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from kvboost_rag.core.generation.slots import SlotCache, Write
-from kvboost_rag.core.model.arch import ModelSupport
-from kvboost_rag.core.model.hf_compat import attention_implementation
+from kvboost_rag.core.model.arch import SLIDING, ModelSupport
+from kvboost_rag.core.model.attention import cached_tail, runs_sdpa
 
 
 class Runner:
@@ -27,6 +28,8 @@ class Runner:
         self.model = model
         self.support = support
         self.slots = slots
+        window = support.sliding_window
+        self.windows = tuple(window if t == SLIDING else None for t in support.layer_types)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -48,7 +51,8 @@ class Runner:
             else torch.tensor(list(rows), device=self.model.device)
         )
         write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
-        with self.slots.forward(write) as cache:
+        tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
+        with self.slots.forward(write) as cache, tail:
             out = self.model(
                 input_ids=ids,
                 position_ids=position_ids,
@@ -96,7 +100,7 @@ class Runner:
         sliding window, for windowed layers), as the model's forward takes masks."""
         columns = torch.arange(width, device=seen.device)[None, None, :]
         causal = columns <= seen[:, :, None]
-        boolean = attention_implementation(self.model) == "sdpa"
+        boolean = runs_sdpa(self.model)
 
         def build(window: int | None) -> torch.Tensor:
             allowed = causal if window is None else causal & (columns > seen[:, :, None] - window)

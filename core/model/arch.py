@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from transformers.cache_utils import get_layer_types_and_kwargs
 
 from kvboost_rag.core.errors import UnsupportedModelError
+from kvboost_rag.core.model import hf_compat
 from kvboost_rag.core.model.kv import layer_kv, to_cache
 from kvboost_rag.core.model.rope import Rotary, rerotate, rotary_embedding, rotations
 
@@ -79,7 +79,7 @@ def model_support(model: Any) -> ModelSupport:
 def inspect_model(model: Any) -> ModelSupport:
     name = type(model).__name__
     config = model.config.get_text_config(decoder=True)
-    layer_types, kwargs = get_layer_types_and_kwargs(config)
+    layer_types, kwargs = hf_compat.layer_types(config)
     if not set(layer_types) <= KV_LAYER_TYPES:
         raise UnsupportedModelError(
             f"{name} has {sorted(set(layer_types) - KV_LAYER_TYPES)} layers; kvboost-rag "

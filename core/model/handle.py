@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvboost_rag.core.model.arch import ModelSupport, model_support
+from kvboost_rag.core.model.attention import install
 
 if TYPE_CHECKING:
     from kvboost_rag.core.generation.executor import Executor
@@ -57,6 +58,7 @@ def _make(model: Any) -> ModelHandle:
     from kvboost_rag.core.generation.executor import Executor
 
     support = model_support(model)
+    install(model)
     return ModelHandle(model, support, eos_ids(model), Executor(model, support))
 
 

@@ -2,14 +2,18 @@
 
 transformers has no public builder for what ``generate`` prepares before its loop (the
 logits processors and stopping criteria it derives from a ``GenerationConfig``), and its
-attention registry is public but young. The engine decodes in its own loop and must pick
-tokens exactly as ``generate`` would, so it calls the same private methods ``generate``
-calls. They are used here only; ``TESTED`` is the range the test suite runs against, and
-``pyproject.toml`` pins the dependency to it (``tests/model/test_hf_compat.py`` checks both).
+attention registry is public but young (torch's CPU flash kernel, which returns the
+log-sum-exp that splitting attention needs, is a private op too). The engine decodes in its
+own loop and must pick tokens exactly as ``generate`` would, so it calls the same private
+methods ``generate`` calls. They are used here only; ``TESTED`` is the range the test suite
+runs against, and ``pyproject.toml`` pins the dependency to it
+(``tests/model/test_hf_compat.py`` checks both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -63,3 +67,21 @@ def layer_types(config: Any) -> tuple[list[str], list[dict[str, Any]]]:
 def attention_implementation(model: Any) -> str:
     """The attention implementation the model's layers run (``"sdpa"``, ``"eager"``, ...)."""
     return str(model.config._attn_implementation)
+
+
+@contextmanager
+def eager_attention(model: Any) -> Iterator[None]:
+    """Run the model's attention eagerly inside (the only implementation that returns
+    attention weights), then restore what it ran."""
+    previous = attention_implementation(model)
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def cpu_flash_attention() -> Callable[..., Any] | None:
+    """torch's CPU flash-attention kernel, which returns the log-sum-exp beside the output
+    (``F.scaled_dot_product_attention`` does not); None where this torch lacks it."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

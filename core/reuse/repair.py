@@ -1,8 +1,9 @@
 """Selective recompute: repair reused KV by one forward pass over a few chosen tokens.
 
-Chosen tokens are appended after the assembled cache with a 4D mask: the token at position
-p sees every non-chosen cached position < p and the chosen tokens at positions <= p. Their
-fresh KV is then scattered into place. With every token chosen this is a full prefill.
+The chosen tokens are computed in the request's KV row in place (``generation/runner.py``):
+each writes its fresh KV at its own position and attends to the row causally by position,
+so the token at position p sees the cached KV of every non-chosen position < p and the
+fresh KV of chosen positions <= p. With every token chosen this is a full prefill.
 
 Strategies choose which reused tokens to recompute; tokens that were never cached (fixed
 text, the question) are always computed.
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from kvboost_rag.core.model.arch import model_support
-from kvboost_rag.core.model.kv import LayerKV, head, layer_kv, place_fresh, to_cache
+from kvboost_rag.core.model.hf_compat import eager_attention
+from kvboost_rag.core.model.kv import LayerKV, head, layer_kv, to_cache
 
 
 @dataclass(frozen=True)
@@ -177,52 +178,10 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
 
     attention = model_support(model).attention[:layers]
     hooks = [attn.register_forward_hook(collect) for attn in attention]
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")  # the only implementation that returns weights
     try:
-        with _first_layers(model, layers):
+        with eager_attention(model), _first_layers(model, layers):
             model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
     finally:
-        model.set_attn_implementation(previous)
         for hook in hooks:
             hook.remove()
     return score
-
-
-def recompute(model: Any, plan: RepairPlan, chosen: list[int]) -> tuple[DynamicCache, torch.Tensor]:
-    """A cache for every prompt position, fresh KV at ``chosen`` positions (sorted, unique,
-    within [0, length)) and at the last prompt token (position ``length``), whose logits
-    are returned: the repair pass is also the prefill of the first generated token."""
-    cache = to_cache(plan.assembled, model.config)
-    n, device = plan.length, model.device
-    positions = torch.tensor([*chosen, n], device=device)
-    ids = torch.tensor([[plan.tokens[p] for p in positions.tolist()]], device=device)
-    out = model(
-        input_ids=ids,
-        position_ids=positions[None],
-        cache=cache,
-        use_cache=True,
-        attention_mask=model_support(model).attention_masks(
-            lambda window: _mask(positions, n, model.dtype, window)
-        ),
-        logits_to_keep=1,
-    )
-    place_fresh(cache, positions, n)
-    return cache, out.logits[0, -1]
-
-
-def _mask(positions: torch.Tensor, n: int, dtype: torch.dtype, window: int | None) -> torch.Tensor:
-    """Query i (at positions[i]) sees cached positions < positions[i] that are not being
-    recomputed, and recomputed positions <= positions[i]; with a sliding ``window``, only
-    those within its last ``window`` positions."""
-    chosen = torch.zeros(n + 1, dtype=torch.bool, device=positions.device)
-    chosen[positions] = True
-    cached = (torch.arange(n, device=positions.device)[None, :] < positions[:, None]) & ~chosen[:n]
-    fresh = positions[None, :] <= positions[:, None]
-    allowed = torch.cat([cached, fresh], dim=1)
-    if window is not None:
-        seen = torch.cat([torch.arange(n, device=positions.device), positions])
-        allowed &= seen[None, :] > positions[:, None] - window
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]

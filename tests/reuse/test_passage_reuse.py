@@ -5,6 +5,7 @@ import torch
 from conftest import make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.model.attention import NAME
 from kvboost_rag.core.model.rope import rerotate, rotary_embedding, rotation
 from kvboost_rag.core.prompt.chunker import passage
 from kvboost_rag.core.reuse.repair import STRATEGIES, get_strategy
@@ -221,7 +222,7 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     assert len(chosen) == round(0.1 * len(reused)) and set(chosen) <= set(reused)
     threshold = min(float(score[p]) for p in chosen)
     assert all(float(score[p]) <= threshold + 1e-6 for p in set(reused) - set(chosen))
-    assert engine.model.config._attn_implementation == "sdpa"  # restored after the probe
+    assert engine.model.config._attn_implementation == NAME  # restored after the probe
 
 
 def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -> None:

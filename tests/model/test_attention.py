@@ -1,0 +1,57 @@
+"""The engine's attention (``kvboost_sdpa``): the split form of a cached prefix's
+continuation equals transformers' masked SDPA, and every other forward is SDPA itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, SLIDING_WINDOW, make_model
+from transformers import DynamicCache
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.model.arch import SLIDING, model_support
+from kvboost_rag.core.model.attention import NAME, cached_tail, install
+
+
+def windows(model: torch.nn.Module) -> tuple[int | None, ...]:
+    support = model_support(model)
+    return tuple(support.sliding_window if t == SLIDING else None for t in support.layer_types)
+
+
+SDPA_ARCHITECTURES = [a for a in ARCHITECTURES if a != "gemma2"]  # gemma2: eager (softcap)
+
+
+@pytest.mark.parametrize("arch", SDPA_ARCHITECTURES)
+@pytest.mark.parametrize("cached", [1, 20, 2 * SLIDING_WINDOW])
+def test_a_split_continuation_equals_a_full_prefill(arch: str, cached: int) -> None:
+    split, reference = make_model(arch), make_model(arch)
+    assert install(split) and split.config._attn_implementation == NAME
+    ids = torch.randint(3, 90, (1, cached + 3 * SLIDING_WINDOW // 2))
+    with torch.inference_mode():
+        want = reference(input_ids=ids).logits[0]
+        cache = DynamicCache()
+        split(input_ids=ids[:, :cached], cache=cache)
+        with cached_tail(cached, windows(split)):
+            got = split(input_ids=ids[:, cached:], cache=cache).logits[0]
+    torch.testing.assert_close(got, want[cached:], atol=2e-5, rtol=0)
+
+
+def test_unmarked_forwards_are_sdpa_itself(tokenizer) -> None:
+    """A user's own generate on the model the engine wraps gives what it gave before."""
+    model = make_model("gemma3")
+    ids = torch.randint(3, 90, (1, 50))
+    before = model.generate(ids, max_new_tokens=12, do_sample=False)
+    KVBoost(model, tokenizer, KVBoostConfig())  # installs kvboost_sdpa
+    assert model.config._attn_implementation == NAME
+    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False), before)
+
+
+def test_eager_models_are_left_alone(tokenizer) -> None:
+    assert not install(make_model("gemma2"))  # softcapped attention runs eagerly
+    model = make_model("llama")
+    model.set_attn_implementation("eager")
+    assert not install(model) and model.config._attn_implementation == "eager"
+    engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", block_tokens=8))
+    engine.warm("A long system prompt about depots and crates. " * 3)
+    result = engine.generate("A long system prompt about depots and crates. " * 3 + "Q?")
+    assert result.reused_tokens > 0 and model.config._attn_implementation == "eager"
