@@ -110,6 +110,12 @@ class KVBoostConfig:
     # one request at a time; None: 8 on CPU (where a 2-core step costs about 1.3x one
     # request's at 8), 32 on a GPU.
     max_batch_size: int | None = None
+    # Prompt-lookup speculation (core/generation/speculation.py): each decoding step also
+    # verifies up to this many tokens drafted from the request's own text; the answer is the
+    # same (greedy: token for token; sampled: the same distribution). 0 turns it off; None:
+    # the measured default for the device (see ``draft_length``). A request's
+    # ``draft_tokens=`` overrides it.
+    draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -145,6 +151,15 @@ class KVBoostConfig:
                 f"max_batch_size must be an int >= 1 (1 = no batching) or None (auto), "
                 f"got {self.max_batch_size!r}"
             )
+        if self.draft_tokens is not None and (
+            isinstance(self.draft_tokens, bool)
+            or not isinstance(self.draft_tokens, int)
+            or not 0 <= self.draft_tokens <= 64
+        ):
+            raise ValueError(
+                f"draft_tokens must be an int in [0, 64] (0 = no speculation) or None (auto), "
+                f"got {self.draft_tokens!r}"
+            )
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -160,6 +175,12 @@ class KVBoostConfig:
             return self.max_batch_size
         return 8 if device.type == "cpu" else 32
 
+    def draft_length(self, device: torch.device) -> int:
+        """``draft_tokens``, or its default for ``device``."""
+        if self.draft_tokens is not None:
+            return self.draft_tokens
+        return DEFAULT_DRAFT_TOKENS.get(device.type, 0)
+
     def repair_settings(self) -> RepairSettings | None:
         """The repair to run for reused passages; None in "exact" fidelity."""
         if self.fidelity == "exact":
@@ -172,6 +193,11 @@ class KVBoostConfig:
             edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
             probe_layers=_pick(self.probe_layers, base.probe_layers),
         )
+
+
+# Drafted tokens verified per decoding step, by device, where speculation measured faster
+# (docs/bench/decode-*.txt); elsewhere off.
+DEFAULT_DRAFT_TOKENS: dict[str, int] = {"cpu": 0}
 
 
 def _check_remote(config: KVBoostConfig) -> None:

@@ -22,6 +22,7 @@ from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.result import EngineStats, GenerationResult, Timings, WarmResult
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.generation.speculation import PromptLookup
 from kvboost_rag.core.generation.streaming import GenerationStream, cut_at_stop
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.handle import ModelHandle
@@ -374,6 +375,13 @@ class KVBoost:
             cancel=cancel,
             feed=feed,
         )
+        drafts = (
+            self.config.draft_length(self._handle.device)
+            if sampling.draft_tokens is None
+            else sampling.draft_tokens
+        )
+        if drafts and feed is None:
+            request.drafter = PromptLookup(prompt.tokens, drafts)
         if stream is not None:
             stream(request)  # sets the token and end hand-offs before the executor runs it
         self._handle.executor.submit(request)

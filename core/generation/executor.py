@@ -172,9 +172,7 @@ class Executor:
         """Wait for work; False (the thread ends) after ``IDLE_SECONDS`` without any."""
         with self._changed:
             while not self._pending():
-                if self._closing or (
-                    not self._changed.wait(IDLE_SECONDS) and not self._pending()
-                ):
+                if self._closing or (not self._changed.wait(IDLE_SECONDS) and not self._pending()):
                     self._thread = None
                     self.slots.clear()
                     return False
@@ -286,7 +284,7 @@ class Executor:
             self._end(request, None)
             return
         self._start_running(request)
-        self._choose(request, logits[-1])
+        self._accept(request, logits[-1:], [])
 
     def _start_running(self, request: Request) -> None:
         """A built row becomes a running one: it moves next to the running rows."""
@@ -297,34 +295,56 @@ class Executor:
         request.status = Status.RUNNING
 
     def _decode(self) -> None:
+        """One forward over the running rows: each feeds its last token and, where its
+        text suggests what follows, a draft to verify (``speculation.py``)."""
         count = self._running()
         if not count:
             return
         start = time.perf_counter()
         running = self._rows[:count]
-        tokens = [[r.tokens[-1]] for r in running]
-        positions = [[len(r.tokens) - 1] for r in running]
+        drafts = [self._draft(r) for r in running]
+        tokens = [[r.tokens[-1], *d] for r, d in zip(running, drafts)]
+        positions = [
+            list(range(len(r.tokens) - 1, len(r.tokens) + len(d))) for r, d in zip(running, drafts)
+        ]
+        keep = max(map(len, tokens))
         try:
-            logits = self.runner.run_rows(list(range(count)), tokens, positions, 1)
+            logits = self.runner.run_rows(list(range(count)), tokens, positions, keep)
         except BaseException as error:
             for request in running:
                 self._fail(request, error)
             return
-        for request, row_logits in zip(running, logits):
-            self._choose(request, row_logits[-1])
+        for i, (request, draft) in enumerate(zip(running, drafts)):
+            self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
         self._steps += 1
         self._stepped_rows += count
         self._peak = max(self._peak, count)
         self._seconds += time.perf_counter() - start
 
-    def _choose(self, request: Request, logits: Any) -> None:
-        """Pick and stream the next token; end the request when it is finished."""
+    def _draft(self, request: Request) -> list[int]:
+        if request.drafter is None:
+            return []
+        room = request.sampler.max_length - len(request.tokens) - 1  # the bonus token's
+        return request.drafter.draft(room)
+
+    def _accept(self, request: Request, logits: Any, draft: list[int]) -> None:
+        """Keep what the sampler accepts of ``draft`` (and its own next token), stream it,
+        and end the request when it is finished."""
         try:
-            request.emit(request.sampler.choose(request.tokens, logits))
+            chosen, kept = request.sampler.verify(request.tokens, logits, draft)
+            request.drafted += len(draft)
+            request.accepted += kept
+            for token in chosen:
+                request.emit(token)
             finished = request.sampler.finished(request.tokens)
         except BaseException as error:  # a processor or a stream callback: this one only
             self._fail(request, error)
             return
+        if request.drafter is not None:
+            request.drafter.extend(chosen)
+            request.drafter.kept(len(draft), kept)
+        # Positions past the kept tokens hold a rejected draft's KV: no longer part of the row.
+        self.slots.crop(self._rows.index(request), len(request.tokens) - 1)
         if finished:
             self._end(request, None)
 

@@ -21,6 +21,7 @@ import torch
 from kvboost_rag.core.generation.result import GenerationResult, Timings
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.generation.speculation import PromptLookup
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.reuse.assemble import RowKV
 from kvboost_rag.core.reuse.context import Context
@@ -68,6 +69,9 @@ class Request:
     # Logits-only requests (fidelity checks): tokens fed after the prompt, no decoding;
     # ``logits`` then holds the next-token logits after the prompt and after each of them.
     feed: list[int] | None = None
+    drafter: PromptLookup | None = None  # speculation's draft source; None: no drafting
+    drafted: int = 0  # draft tokens proposed so far
+    accepted: int = 0  # ... and kept
     status: Status = Status.WAITING
     submitted_at: float = 0.0  # perf_counter readings: handed to the executor,
     filled_at: float = 0.0  # ... its context built (its fill forwards start)

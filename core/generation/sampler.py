@@ -47,6 +47,7 @@ class Sampler:
             model, config, prompt_tokens, extra or LogitsProcessorList()
         )
         config.max_length = prompt_tokens + max_new_tokens  # what generate derives
+        self.max_length = config.max_length
         self.stopping = hf_compat.stopping_criteria(
             model, config, tokenizer, StoppingCriteriaList([CancelCriteria(cancel)])
         )
@@ -58,14 +59,52 @@ class Sampler:
     def choose(self, tokens: list[int], logits: torch.Tensor) -> int:
         """The next token after ``tokens`` (prompt and answer so far) from its float32
         next-token logits ``[vocab]``."""
-        scores = logits[None]
-        if len(self.processors):
-            ids = torch.tensor([tokens], device=logits.device)
-            scores = self.processors(ids, scores)  # type: ignore[arg-type]
+        scores = self._scores(tokens, logits)
         if self.do_sample:
             probs = torch.softmax(scores, dim=-1)
             return int(torch.multinomial(probs, 1, generator=self.generator))
         return int(scores.argmax())
+
+    def verify(
+        self, tokens: list[int], logits: torch.Tensor, draft: list[int]
+    ) -> tuple[list[int], int]:
+        """The tokens that follow ``tokens``, given ``logits[j]`` after ``tokens`` and the
+        draft's first ``j`` tokens: the longest prefix of the draft this sampler agrees
+        with, then a token of its own (fewer where the request finishes); and how many
+        draft tokens were kept. Greedy: a draft
+        token is kept when it is the argmax. Sampling (speculative acceptance of a
+        deterministic draft): kept with its probability, else the token is drawn from the
+        distribution without it, so every token keeps the distribution ``choose`` draws
+        from."""
+        out: list[int] = []
+        kept = 0
+        for j in range(len(draft) + 1):
+            scores = self._scores(tokens + out, logits[j])
+            token, agreed = self._judge(scores, draft[j] if j < len(draft) else None)
+            out.append(token)
+            kept += agreed
+            if not agreed or self.finished(tokens + out):
+                break
+        return out, kept
+
+    def _judge(self, scores: torch.Tensor, proposed: int | None) -> tuple[int, bool]:
+        if not self.do_sample:
+            token = int(scores.argmax())
+            return token, token == proposed
+        probs = torch.softmax(scores, dim=-1)[0]
+        if proposed is not None:
+            if float(torch.rand(1, generator=self.generator)) < float(probs[proposed]):
+                return proposed, True
+            probs = probs.clone()
+            probs[proposed] = 0.0
+        return int(torch.multinomial(probs, 1, generator=self.generator)), False
+
+    def _scores(self, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
+        scores = logits[None]
+        if len(self.processors):
+            ids = torch.tensor([tokens], device=logits.device)
+            scores = self.processors(ids, scores)  # type: ignore[arg-type]
+        return scores
 
     def finished(self, tokens: list[int]) -> bool:
         """Whether the request ends after ``tokens`` (its last token included)."""

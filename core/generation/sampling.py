@@ -28,6 +28,9 @@ class SamplingOptions:
     top_k: int = 0  # 0 disables top-k
     stop: tuple[str, ...] = ()  # stop strings of any length; the text ends before them
     seed: int | None = None  # makes sampling reproducible
+    # Prompt-lookup speculation: at most this many drafted tokens verified per step (0: off;
+    # None: the engine's ``KVBoostConfig.draft_tokens``). Outputs are the same either way.
+    draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen; numpy scalars are stored as Python numbers
@@ -39,6 +42,9 @@ class SamplingOptions:
         if self.seed is not None:
             hint = "an int in [0, 2**64 - 1] or None"
             set_(self, "seed", _integer("seed", self.seed, 0, MAX_SEED, hint))
+        if self.draft_tokens is not None:
+            hint = "an int in [0, 64] (0 turns speculation off) or None"
+            set_(self, "draft_tokens", _integer("draft_tokens", self.draft_tokens, 0, 64, hint))
 
     @classmethod
     def build(cls, stop: object = None, **kwargs: object) -> SamplingOptions:

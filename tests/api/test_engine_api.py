@@ -32,6 +32,26 @@ def test_stream_deltas_join_to_the_generated_text(llama: KVBoost) -> None:
     assert stream.result.reused_tokens > 0  # the first call's prompt was cached
 
 
+def test_a_finished_stream_iterated_again_yields_nothing(llama: KVBoost) -> None:
+    """A new user's hang: the second pass over a finished stream waited forever."""
+    stream = llama.stream("Twice:", max_new_tokens=6)
+    first = "".join(stream)
+    assert first and "".join(stream) == "" and list(stream) == []
+    assert stream.result is not None and stream.result.text == first
+    stream.close()  # and closing an ended stream is harmless
+
+
+def test_a_stream_left_early_keeps_what_it_yielded(llama: KVBoost) -> None:
+    stream = llama.stream(PROMPT, max_new_tokens=60)
+    seen = []
+    for delta in stream:
+        seen.append(delta)
+        if len(seen) == 4:
+            break
+    assert stream.result is not None and stream.result.text == "".join(seen)
+    assert llama.tokenizer.decode(stream.result.token_ids).startswith("".join(seen))
+
+
 def test_stop_string_ends_text_before_it(llama: KVBoost) -> None:
     full = llama.generate(PROMPT, max_new_tokens=24)
     stop = full.text[5:8]

@@ -2,9 +2,9 @@
 package's dependency pin says the same range."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import transformers
 
 from kvboost_rag.core.model import hf_compat

@@ -4,7 +4,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from conftest import make_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.model.kv import kv_nbytes
 from kvboost_rag.core.reuse.prefix import PrefixCache
 from kvboost_rag.core.store.disk import DiskStore
@@ -111,3 +115,47 @@ def test_blocks_on_disk_from_an_earlier_process_are_found(tmp_path: Path) -> Non
     match = PrefixCache(store, FINGERPRINT, BLOCK).match(stream)
     assert match.length == 2 * BLOCK and matched_tokens(match) == stream[: 2 * BLOCK]
     assert store.stats().disk.hits == 2
+
+
+# -- against a plain longest-prefix cache -------------------------------------------------
+
+PIECE = st.sampled_from(["The depot ", "ships ", "crates ", "north ", "to ", "Q: why? ", "a"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(PIECE, min_size=1, max_size=12).map("".join), min_size=2, max_size=8))
+def test_exact_matches_at_least_what_a_longest_prefix_cache_over_the_last_64_prompts_does(
+    tokenizer, texts: list[str]
+) -> None:
+    """Whatever the prompts, the exact prefix cache holds for each at least the longest
+    common prefix with any of the last 64 prompts (partial blocks too, token by token)."""
+    engine = KVBoost(
+        make_model("llama"), tokenizer, KVBoostConfig(fidelity="exact", block_tokens=4)
+    )
+    seen: list[list[int]] = []
+    for text in texts:
+        tokens = engine.tokenize(text)
+        best = max((_common(tokens, old) for old in seen[-64:]), default=0)
+        assert engine._caches.look_up(engine._prompts.text(text)).matched >= best
+        engine.generate(text, max_new_tokens=2)
+        seen.append(tokens)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_branches_ending_in_one_block_are_all_kept() -> None:
+    """Two streams that part inside a block both keep their partial last block (one tail
+    per parent would leave only the latest)."""
+    store = CountingStore(10**9)
+    prefix = PrefixCache(store, FINGERPRINT, BLOCK)
+    store_stream(prefix, [1, 2, 3, 4, 5, 6])
+    store_stream(prefix, [1, 2, 3, 4, 7, 8])
+    assert prefix.match([1, 2, 3, 4, 5, 6, 9]).length == 6
+    assert prefix.match([1, 2, 3, 4, 7, 8, 9]).length == 6

@@ -1,0 +1,64 @@
+"""Prompt-lookup speculation: draft the next tokens from the request's own text.
+
+RAG answers copy from their passages (names, codes, whole sentences). When the last few
+tokens of a request occurred before, in its prompt or its answer so far, the tokens that
+followed them then are a good guess of what follows now. A decoding step feeds that draft
+after the last token, the model scores every position in one forward (on a CPU a forward
+of a few tokens costs about what one does: decoding reads every weight either way), and
+the sampler keeps the longest prefix the model agrees with, plus the token after it
+(``Sampler.verify``). Greedy output is token for token what plain decoding gives; sampled
+output keeps its distribution. The draft's length adapts to how much of it was kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+NGRAMS = (3, 2, 1)  # suffix lengths tried, longest first
+
+
+class PromptLookup:
+    """Where each recent n-gram of a request's tokens last ended, to draft from."""
+
+    def __init__(self, tokens: Sequence[int], max_draft: int) -> None:
+        self.max_draft = max_draft
+        self.length = min(max_draft, 4)  # the next draft's length, adapted per step
+        self._tokens: list[int] = []
+        # n-gram -> where the token after its latest occurrence is
+        self._last: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Index ``tokens`` appended to the request. An n-gram is indexed once a token
+        follows it, so the request's own suffix is never its latest occurrence."""
+        for token in tokens:
+            self._tokens.append(token)
+            end = len(self._tokens)
+            for n in NGRAMS:
+                if end - n - 1 >= 0:
+                    self._last[tuple(self._tokens[end - n - 1 : end - 1])] = end - 1
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to ``min(self.length, limit)`` tokens that followed the longest suffix of the
+        tokens before; empty when no suffix occurred before."""
+        count = min(self.length, limit)
+        if count <= 0:
+            return []
+        end = len(self._tokens)
+        for n in NGRAMS:
+            if end < n:
+                continue
+            start = self._last.get(tuple(self._tokens[end - n :]))
+            if start is not None:
+                return self._tokens[start : start + count]
+        return []
+
+    def kept(self, drafted: int, accepted: int) -> None:
+        """Adapt the next draft's length: longer when the whole draft was kept, else just
+        past what was."""
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.length = min(self.max_draft, self.length + 2)
+        else:
+            self.length = max(1, accepted + 1)

@@ -1,0 +1,146 @@
+"""Prompt-lookup speculation changes how fast an answer comes, never what it is: greedy
+output is token for token plain decoding's, sampled output keeps its distribution, and
+grammars, stop strings and cancellation hold mid-draft."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_model
+from test_batching import together
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.generation.sampler import Sampler
+from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.generation.speculation import PromptLookup
+
+# Tiny random models repeat themselves within a few tokens: drafts are found and kept.
+WORK = [
+    (f"Report {i}: the {'north ' * (i % 3)}depot ships crates. Which depot?", 10 + 7 * i)
+    for i in range(6)
+]
+
+
+def engine(arch: str, tokenizer: Any, drafts: int, **config: Any) -> KVBoost:
+    config = KVBoostConfig(block_tokens=8, draft_tokens=drafts, **config)
+    return KVBoost(make_model(arch), tokenizer, config)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_output_is_the_same_with_and_without_drafts(arch: str, tokenizer: Any) -> None:
+    plain, drafting = engine(arch, tokenizer, 0), engine(arch, tokenizer, 8)
+    want = [plain.generate(q, max_new_tokens=n).token_ids for q, n in WORK]
+    assert [drafting.generate(q, max_new_tokens=n).token_ids for q, n in WORK] == want
+    steps = drafting.stats().batch
+    assert steps is not None and steps.steps < sum(map(len, want)) - len(want)  # drafts kept
+    batched = together([lambda w=w: drafting.generate(w[0], max_new_tokens=w[1]) for w in WORK])
+    assert [r.token_ids for r in batched] == want
+
+
+def test_a_request_turns_drafting_off_or_on(tokenizer: Any) -> None:
+    drafting = engine("llama", tokenizer, 8)
+    before = drafting.stats().batch.steps  # type: ignore[union-attr]
+    off = drafting.generate(WORK[3][0], max_new_tokens=30, draft_tokens=0)
+    middle = drafting.stats().batch.steps  # type: ignore[union-attr]
+    on = drafting.generate(WORK[3][0], max_new_tokens=30)
+    after = drafting.stats().batch.steps  # type: ignore[union-attr]
+    assert off.token_ids == on.token_ids
+    assert middle - before == len(off.token_ids) - 1 > after - middle
+    with pytest.raises(ValueError, match="draft_tokens"):
+        drafting.generate("x", draft_tokens=-1)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        KVBoostConfig(draft_tokens=True)  # type: ignore[arg-type]
+
+
+def test_stop_strings_end_the_answer_inside_a_draft(tokenizer: Any) -> None:
+    plain, drafting = engine("llama", tokenizer, 0), engine("llama", tokenizer, 8)
+    free = plain.generate(WORK[4][0], max_new_tokens=40).text
+    stop = free[12:14]
+    want = plain.generate(WORK[4][0], max_new_tokens=40, stop=stop)
+    got = drafting.generate(WORK[4][0], max_new_tokens=40, stop=stop)
+    assert (got.text, got.token_ids) == (want.text, want.token_ids)
+    assert got.finish_reason == want.finish_reason == "stop" and len(got.text) <= 12
+
+
+def test_the_length_limit_holds_mid_draft(tokenizer: Any) -> None:
+    drafting = engine("llama", tokenizer, 16)
+    for n in (1, 2, 5, 9):
+        assert len(drafting.generate(WORK[2][0], max_new_tokens=n).token_ids) == n
+
+
+def test_cancelling_mid_draft_keeps_what_was_yielded(tokenizer: Any) -> None:
+    drafting = engine("llama", tokenizer, 8)
+    stream = drafting.stream(WORK[5][0], max_new_tokens=200)
+    seen = []
+    for delta in stream:
+        seen.append(delta)
+        if len(seen) == 3:
+            break
+    assert stream.result is not None and stream.result.finish_reason == "cancelled"
+    assert stream.result.text == "".join(seen)
+    assert drafting.generate(WORK[0][0], max_new_tokens=5).finish_reason == "length"
+
+
+def test_constrained_answers_stay_valid_with_drafts(tokenizer: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"depot": {"type": "string"}, "crates": {"type": "integer"}},
+        "required": ["depot", "crates"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
+    plain, drafting = engine("llama", tokenizer, 0), engine("llama", tokenizer, 8)
+    messages = [{"role": "user", "content": 'Answer in JSON like {"depot": "north"}.'}]
+    want = plain.chat(messages, response_format=fmt, max_new_tokens=60)
+    got = drafting.chat(messages, response_format=fmt, max_new_tokens=60)
+    assert got.token_ids == want.token_ids
+    if got.finish_reason == "stop":
+        assert set(json.loads(got.text)) == {"depot", "crates"}
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_occurrence() -> None:
+    lookup = PromptLookup([5, 6, 7, 8, 9, 5, 6, 1, 2, 5, 6], max_draft=8)
+    lookup.length = 3
+    assert lookup.draft(10) == [1, 2, 5]  # the latest (5, 6) was followed by 1, 2
+    assert lookup.draft(2) == [1, 2]
+    lookup.extend([1])
+    assert lookup.draft(10) == [2, 5, 6]  # (6, 1) occurred once, then 2
+    assert PromptLookup([1, 2, 3], 8).draft(5) == []  # (3), (2, 3), (1, 2, 3): never before
+    lookup.kept(3, 3)
+    assert lookup.length == 5
+    lookup.kept(5, 1)
+    assert lookup.length == 2
+
+
+def test_speculative_sampling_keeps_the_distribution(tokenizer: Any) -> None:
+    """Sampling a token after a draft: how often each token comes out must match the
+    processed distribution ``choose`` samples from. A chi-square test over 4,000 draws per
+    proposal (one proposal the model likes, one it does not) at the 0.1% level."""
+    model = make_model("llama")
+    options = SamplingOptions(temperature=0.8, top_k=12, seed=3)
+    sampler = Sampler(model, tokenizer, options, 4, 50, threading.Event())
+    torch.manual_seed(0)
+    logits = torch.randn(2, model.config.vocab_size) * 2
+    probs = torch.softmax(sampler._scores([1, 2, 3, 4], logits[0]), dim=-1)[0]
+    likely, unlikely = int(probs.argmax()), int(probs.argsort()[-6])
+    for proposed in (likely, unlikely):
+        counts = Counter(
+            sampler.verify([1, 2, 3, 4], logits, [proposed])[0][0] for _ in range(4000)
+        )
+        support = [int(t) for t in torch.nonzero(probs > 0)]
+        assert set(counts) <= set(support)
+        chi2 = sum(
+            (counts[t] - 4000 * float(probs[t])) ** 2 / (4000 * float(probs[t])) for t in support
+        )
+        assert chi2 < _chi2_critical(len(support) - 1), (proposed, chi2)
+
+
+def _chi2_critical(dof: int) -> float:
+    """The chi-square value exceeded with probability 0.001 (Wilson-Hilferty)."""
+    z = 3.0902
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
