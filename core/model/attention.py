@@ -48,6 +48,25 @@ def cached_tail(past: int, windows: tuple[int | None, ...]) -> Iterator[None]:
         _TAIL.reset(token)
 
 
+# (the score vector to add to, how many leading key positions it covers) while a probe runs
+_PROBE: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar(
+    "kvboost_probe", default=None
+)
+
+
+@contextmanager
+def attention_scores(into: torch.Tensor, keys: int) -> Iterator[None]:
+    """Add, for every layer of the forwards inside, the attention their queries pay to each
+    of the first ``keys`` key positions (softmax weights summed over heads and queries) to
+    ``into`` (``[keys]``), beside the layer's usual SDPA output. What a repair probe needs
+    of a few queries, without switching the model to eager attention."""
+    token = _PROBE.set((into, keys))
+    try:
+        yield
+    finally:
+        _PROBE.reset(token)
+
+
 def install(model: Any) -> bool:
     """Run ``model``'s attention through ``kvboost_sdpa`` when it runs SDPA; whether it does."""
     if attention_implementation(model) not in ("sdpa", NAME):
@@ -75,12 +94,40 @@ def attention(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    probe = _PROBE.get()
+    if probe is not None:
+        _add_scores(probe[0], probe[1], module, query, key, attention_mask, scaling)
     tail = _TAIL.get()
     if tail is None or not _splittable(module, query, key, *tail):
         return sdpa_attention_forward(  # type: ignore[no-any-return]
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
     return split_attention(module, query, key, value, tail[0], scaling), None
+
+
+def _add_scores(
+    into: torch.Tensor,
+    keys: int,
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+) -> None:
+    """Softmax weights of every query over every key (under the forward's mask, or causal
+    for queries that are the last positions), summed into ``into`` for the first keys."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    key = repeat_kv(key, groups)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    weights = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        weights = weights.masked_fill(~allowed[..., : weights.shape[-1]], float("-inf"))
+    else:
+        q, k = query.shape[2], key.shape[2]
+        future = torch.ones(q, q, dtype=torch.bool, device=query.device).triu(1)
+        weights[..., k - q :] = weights[..., k - q :].masked_fill(future, float("-inf"))
+    into.add_(torch.softmax(weights, dim=-1)[0, :, :, :keys].sum(dim=(0, 1)))
 
 
 def _splittable(

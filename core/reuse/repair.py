@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.core.model.arch import model_support
+from kvboost_rag.core.model.arch import SLIDING, model_support
+from kvboost_rag.core.model.attention import attention_scores, cached_tail, runs_sdpa
 from kvboost_rag.core.model.hf_compat import eager_attention
 from kvboost_rag.core.model.kv import LayerKV, head, layer_kv, to_cache
 
@@ -166,21 +167,37 @@ def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, t
 def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tensor:
     """Attention the question's tokens (everything after the last passage) pay to each
     earlier position over the unrepaired cache, summed over the first ``layers`` layers,
-    heads and question tokens."""
+    heads and question tokens. On the engine's attention the scores are taken beside the
+    forward's own SDPA (a few query rows); other models run eagerly for their weights."""
     tail = max(end for _, end in plan.spans)
     cache = to_cache(head(plan.assembled, tail), model.config)
     ids = torch.tensor([plan.tokens[tail : plan.length + 1]], device=model.device)
     positions = torch.arange(tail, plan.length + 1, device=model.device)[None]
     score = torch.zeros(tail, device=model.device)
+    support = model_support(model)
+
+    def forward() -> None:
+        model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
+
+    if runs_sdpa(model):
+        windows = tuple(
+            support.sliding_window if t == SLIDING else None for t in support.layer_types
+        )
+        with (
+            attention_scores(score, tail),
+            cached_tail(tail, windows),
+            _first_layers(model, layers),
+        ):
+            forward()
+        return score
 
     def collect(module: Any, args: Any, output: Any) -> None:
         score.add_(output[1][0, :, :, :tail].float().sum(dim=(0, 1)))
 
-    attention = model_support(model).attention[:layers]
-    hooks = [attn.register_forward_hook(collect) for attn in attention]
+    hooks = [attn.register_forward_hook(collect) for attn in support.attention[:layers]]
     try:
         with eager_attention(model), _first_layers(model, layers):
-            model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
+            forward()
     finally:
         for hook in hooks:
             hook.remove()

@@ -263,3 +263,28 @@ def test_passage_keys_depend_on_the_model(tokenizer) -> None:
     a = engine_with("llama", tokenizer)._reuse.cache
     b = engine_with("qwen2", tokenizer)._reuse.cache
     assert a.key(a.prefix([1]), [5, 6, 7]) != b.key(b.prefix([1]), [5, 6, 7])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "mistral"])
+def test_the_probe_beside_sdpa_scores_what_eager_attention_weighs(arch: str, tokenizer) -> None:
+    """The question probe takes its scores beside the forward's own SDPA: the same as the
+    attention weights an eager forward returns, layer by layer."""
+    from kvboost_rag.core.reuse.plan import make_plan
+    from kvboost_rag.core.reuse.repair import RepairPlan, question_attention
+
+    engine = engine_with(arch, tokenizer)
+    prompt = engine._prompts.text(QUESTION, DOCS)
+    n = len(prompt.tokens) - 1
+    cache = engine._reuse.cache
+    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
+    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
+    row = TensorRow(found.kv, n)
+    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
+    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    with torch.inference_mode():
+        for layers in (1, 2):
+            beside = question_attention(engine.model, plan, layers)
+            engine.model.set_attn_implementation("eager")
+            eager = question_attention(engine.model, plan, layers)
+            engine.model.set_attn_implementation(NAME)
+            torch.testing.assert_close(beside, eager, atol=1e-5, rtol=1e-5)
