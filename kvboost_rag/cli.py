@@ -15,8 +15,10 @@ BENCHES = {
     "all": "suite",
     "chat": "chat",
     "constrained": "constrained",
+    "decode": "decode",
     "faults": "faults",
     "front": "front",
+    "latency": "latency",
     "load": "load",
     "rag": "rag",
     "remote": "remote",
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench agent|chat|constrained|faults|front|load|rag|remote|warm ...: one workload",
+        "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|warm ...: "
+        "one workload",
     )
     w = sub.add_parser(
         "warm",

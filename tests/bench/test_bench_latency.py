@@ -1,0 +1,56 @@
+"""The latency and decode benchmarks' quick runs on the embedded model: the reports'
+structure and their numbers agreeing with each other (no speed asserted: the machines here
+are shared)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.embedded
+
+
+def run(name: str, out) -> dict:  # type: ignore[no-untyped-def]
+    command = [sys.executable, "-m", "kvboost_rag.cli", "bench", name, "--quick", "--out", str(out)]
+    # fp32: greedy answers are compared token for token (bf16 kernels may break ties apart)
+    command += ["--threads", "1", "--dtype", "float32"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (report,) = [json.loads(p.read_text()) for p in out.glob(f"{name}-*.json")]
+    assert (out / f"{name}-{report['machine']['dtype']}.png").stat().st_size > 0
+    return report
+
+
+def test_latency_report_holds_every_system_and_its_ratios(tmp_path) -> None:
+    report = run("latency", tmp_path)
+    systems = ["generate", "prefix cache", "exact", "balanced", "fast"]
+    lengths = [int(n) for n in report["settings"]["lengths"].split(",")]
+    cells = {(s["scenario"], s["length"]) for s in report["summary"]}
+    assert cells == {(c, n) for c in ("warm", "cold") for n in lengths}
+    for row in report["rows"]:
+        assert sorted(row["runs"]) == sorted(systems)
+        for name, r in row["runs"].items():
+            assert 0 < r["ttft_ms"] <= r["ttlt_ms"]
+            assert len(r["token_ids"]) == row["length"]  # min_new_tokens held every system
+            assert 0 <= r["reused"] < r["prompt"]
+        assert row["runs"]["exact"]["token_ids"] == row["runs"]["generate"]["token_ids"]
+    for line in report["summary"]:
+        if line["system"] == "generate":
+            assert line["ttft_ms_x"] == pytest.approx(1.0) and line["same"] == line["requests"]
+
+
+def test_decode_report_counts_what_each_system_generated(tmp_path) -> None:
+    report = run("decode", tmp_path)
+    assert report["peers_run"] == {"llama.cpp": False, "vLLM-CPU": False}
+    names = {"ours", "ours, no drafts", "generate", "generate + prompt lookup"}
+    assert {s["system"] for s in report["summary"]} == names
+    for run_ in report["runs"]:
+        assert len(run_["requests"]) == run_["level"]
+        for request in run_["requests"]:
+            assert len(request["ids"]) == run_["length"] and request["ttft"] <= request["ttlt"]
+    for line in report["summary"]:
+        # speculation and the one decode path never change a greedy answer (one at a time;
+        # a padded batch of generate's computes in another order)
+        if line["system"] in ("ours", "ours, no drafts") and line["level"] == 1:
+            assert line["same"] == line["compared"] == line["requests"]
