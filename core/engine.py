@@ -9,21 +9,17 @@ answer leaves behind is stored off the request path (``Caches.remember``).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, StopStringCriteria
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.generation.request import Request
-from kvboost_rag.core.generation.result import EngineStats, GenerationResult, Timings, WarmResult
-from kvboost_rag.core.generation.sampler import Sampler
+from kvboost_rag.core.generation.result import EngineStats, GenerationResult, WarmResult
 from kvboost_rag.core.generation.sampling import SamplingOptions
-from kvboost_rag.core.generation.speculation import PromptLookup
-from kvboost_rag.core.generation.streaming import GenerationStream, cut_at_stop
+from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
@@ -34,12 +30,11 @@ from kvboost_rag.core.model.loading import (
 )
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
-from kvboost_rag.core.reuse.assemble import RowKV
+from kvboost_rag.core.request_path import RequestPath
 from kvboost_rag.core.reuse.caches import Caches
-from kvboost_rag.core.reuse.context import Context
 from kvboost_rag.core.store.tiers import open_tiers
 from kvboost_rag.core.tools.formats import Tool
-from kvboost_rag.core.tools.structure import Constrainer, ResponseFormat, Structure
+from kvboost_rag.core.tools.structure import ResponseFormat, Structure
 from kvboost_rag.core.warming import Warmer
 
 
@@ -77,11 +72,7 @@ class KVBoost:
         self._warmer = Warmer(
             model, self.config, self.support, self._prompts, self._caches, self._handle.executor
         )
-        self._batch_size = self.config.batch_size(self._handle.device)
-        self._constrainer = Constrainer(tokenizer, sorted(self._handle.eos))
-        self._owner = _Owner(self)
-        self._requests = self._prompt_tokens = self._reused_tokens = 0
-        self._counting = threading.Lock()  # the three counters, read together by stats()
+        self._path = RequestPath(self._handle, tokenizer, self.config, self._caches)
 
     @property
     def _reuse(self) -> Any:
@@ -136,8 +127,9 @@ class KVBoost:
         top_p, top_k, stop, seed; ``response_format`` / ``constrain`` as in ``chat``."""
         start = time.perf_counter()
         sampling, structure = self._options(options, (), "auto", False, response_format, constrain)
-        request = self._submit(self._prompts.text(prompt, passages), sampling, structure, start)
-        return request.wait()
+        return self._path.open(
+            self._prompts.text(prompt, passages), sampling, structure, start
+        ).wait()
 
     def chat(
         self,
@@ -165,7 +157,7 @@ class KVBoost:
             options, tools, tool_choice, parallel_tool_calls, response_format, constrain
         )
         prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
-        return self._submit(prompt, sampling, structure, start).wait()
+        return self._path.open(prompt, sampling, structure, start).wait()
 
     def stream(
         self,
@@ -284,10 +276,8 @@ class KVBoost:
     def stats(self) -> EngineStats:
         """A snapshot; it does not wait for requests in flight (the tiers lock their own)."""
         tiers = self._store.stats()
-        with self._counting:
-            counts = self._requests, self._prompt_tokens, self._reused_tokens
         batch = self._handle.executor.stats()
-        return EngineStats(tiers.memory, tiers.disk, *counts, tiers.remote, batch)
+        return EngineStats(tiers.memory, tiers.disk, *self._path.counts(), tiers.remote, batch)
 
     def flush(self) -> None:
         """Wait until what finished requests left behind is stored: index updates, encodes
@@ -314,24 +304,11 @@ class KVBoost:
         constrain: bool | None,
     ) -> tuple[SamplingOptions, Structure]:
         sampling = SamplingOptions.build(**options)
-        self._check_stops(sampling.stop)
+        self._path.check_stops(sampling.stop)
         structure = self.structure(
             tools, tool_choice, parallel_tool_calls, response_format, constrain
         )
         return sampling, structure
-
-    def _check_stops(self, stops: tuple[str, ...]) -> None:
-        """Stop strings the tokenizer cannot write could never end an answer, and
-        transformers refuses them mid-request: refuse them here, before the model runs."""
-        if not stops:
-            return
-        try:
-            StopStringCriteria(self.tokenizer, list(stops))
-        except ValueError as error:
-            raise ValueError(
-                f"stop strings {list(stops)!r} cannot be written with this tokenizer's "
-                "vocabulary, so they could never end an answer; pass text the model can write"
-            ) from error
 
     def _tokenized(
         self, prompt: str | Sequence[Message], passages: Sequence[str] | None
@@ -340,53 +317,6 @@ class KVBoost:
             return self._prompts.text(prompt, passages)
         return self._prompts.chat(prompt)
 
-    def _submit(
-        self,
-        prompt: TokenizedPrompt,
-        sampling: SamplingOptions,
-        structure: Structure,
-        start: float,
-        feed: list[int] | None = None,
-        stream: Callable[[Request], object] | None = None,
-    ) -> Request:
-        timings = Timings(tokenize_ms=(time.perf_counter() - start) * 1e3)
-        grammar = structure.grammar()
-        extra = LogitsProcessorList(
-            [self._constrainer.processor(grammar)] if grammar is not None else []
-        )
-        with timings.stage("lookup"):
-            lookup = self._caches.look_up(prompt)
-        max_new = min(sampling.max_new_tokens, self.context_window - len(prompt.tokens))
-        cancel = threading.Event()
-        sampler = Sampler(
-            self.model, self.tokenizer, sampling, len(prompt.tokens), max_new, cancel, extra
-        )
-        request = Request(
-            prompt=prompt,
-            sampling=sampling,
-            owner=self._owner,
-            sampler=sampler,
-            structure=structure,
-            limit=self._batch_size,
-            start=start,
-            timings=timings,
-            lookup=lookup,
-            plan=lookup.plan(prompt),
-            cancel=cancel,
-            feed=feed,
-        )
-        drafts = (
-            self.config.draft_length(self._handle.device)
-            if sampling.draft_tokens is None
-            else sampling.draft_tokens
-        )
-        if drafts and feed is None:
-            request.drafter = PromptLookup(prompt.tokens, drafts)
-        if stream is not None:
-            stream(request)  # sets the token and end hand-offs before the executor runs it
-        self._handle.executor.submit(request)
-        return request
-
     def _streamed(
         self, prompt: TokenizedPrompt, sampling: SamplingOptions, structure: Structure, start: float
     ) -> GenerationStream:
@@ -394,80 +324,16 @@ class KVBoost:
 
         def attach(request: Request) -> None:
             streams.append(
-                GenerationStream(request, self._decode_text, sampling.stop, structure.visible)
+                GenerationStream(request, self._path.decode, sampling.stop, structure.visible)
             )
 
-        self._submit(prompt, sampling, structure, start, stream=attach)
+        self._path.open(prompt, sampling, structure, start, stream=attach)
         return streams[0]
 
     def _logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
         """Logits after the prompt and after each token of ``more`` fed behind it."""
         sampling = SamplingOptions(max_new_tokens=1)
-        request = self._submit(prompt, sampling, Structure(), time.perf_counter(), feed=more)
+        request = self._path.open(prompt, sampling, Structure(), time.perf_counter(), feed=more)
         request.wait()
         assert request.logits is not None
         return request.logits
-
-    def _decode_text(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
-
-    def _result(self, request: Request) -> GenerationResult:
-        """What the caller gets once ``request`` has ended (on the executor's thread)."""
-        ids = request.generated if request.feed is None else []
-        text, stopped = cut_at_stop(self._decode_text(ids), request.sampling.stop)
-        if request.cancel.is_set():
-            reason = "cancelled"
-        elif stopped or (ids and ids[-1] in self._handle.eos):
-            reason = "stop"
-        else:
-            reason = "length"
-        plan, context = request.plan, request.context
-        reused = context.reused if context is not None else 0
-        hits = (
-            plan.hits if context is None or context.passages_hit is None else context.passages_hit
-        )
-        timings = request.timings
-        first = request.first_at or request.ended_at or time.perf_counter()
-        ended = request.ended_at or first
-        timings.decode_ms = (ended - first) * 1e3
-        parsed = request.structure.parse(text)
-        result = GenerationResult(
-            text=parsed.content,
-            token_ids=ids,
-            finish_reason="tool_calls" if parsed.calls and reason == "stop" else reason,  # type: ignore[arg-type]
-            prompt_tokens=len(plan.tokens),
-            reused_tokens=reused,
-            recomputed_tokens=len(plan.tokens) - reused,
-            ttft_ms=(first - request.start) * 1e3,
-            total_ms=(ended - request.start) * 1e3,
-            timings=timings,
-            passages_hit=hits,
-            passages_missed=len(plan.passages) - hits,
-            passages_foreign=plan.foreign,
-            tool_calls=parsed.calls,
-            invalid_tool_calls=parsed.invalid,
-        )
-        with self._counting:
-            self._requests += request.feed is None
-            self._prompt_tokens += len(plan.tokens) if request.feed is None else 0
-            self._reused_tokens += reused if request.feed is None else 0
-        return result
-
-
-class _Owner:
-    """The engine as the executor sees the requests it made (``generation.request.Owner``)."""
-
-    def __init__(self, engine: KVBoost) -> None:
-        self._engine = engine
-
-    def build(self, request: Request, row: RowKV) -> Context:
-        return self._engine._caches.build(request.plan, request.lookup, row, request.timings)
-
-    def result(self, request: Request) -> GenerationResult:
-        return self._engine._result(request)
-
-    def finished(self, request: Request, row: RowKV) -> None:
-        if request.feed is not None or request.error is not None:
-            return  # a fidelity check stores no prefix
-        executor = self._engine._handle.executor
-        self._engine._caches.remember(request.plan, request.generated, row, executor.post)

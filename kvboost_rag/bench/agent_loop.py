@@ -53,13 +53,15 @@ class RecordingEngine(KVBoost):
         self.name = base.name
         self.reference = reference
         self.steps: list[Step] = []
+        self._opened = self._path.open
+        self._path.open = self._recorded  # type: ignore[method-assign]
 
-    def _submit(self, prompt, sampling, structure, start, feed=None, stream=None):  # type: ignore[no-untyped-def]
-        request = super()._submit(prompt, sampling, structure, start, feed, stream)
+    def _recorded(self, prompt, sampling, structure, start, feed=None, stream=None):  # type: ignore[no-untyped-def]
+        request = self._opened(prompt, sampling, structure, start, feed, stream)
         if feed is None:
             result = request.wait()
             self.reference.clear_cache()
-            full = self.reference._submit(prompt, sampling, structure, time.perf_counter())
+            full = self.reference._path.open(prompt, sampling, structure, time.perf_counter())
             self.steps.append(Step(prompt, sampling, structure, result, full.wait()))
         return request
 

@@ -162,14 +162,14 @@ def test_a_step_that_fails_fails_only_its_request(
     work = prompts(3)
     want = [ask(serial, *w) for w in work]
     bad = batched.tokenize(work[1][0], passages=work[1][1])
-    choose = sampler_module.Sampler.choose
+    scores = sampler_module.Sampler._scores
 
-    def boom(self: Any, tokens: list[int], logits: torch.Tensor) -> int:
+    def boom(self: Any, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
         if tokens[: len(bad)] == bad and len(tokens) == len(bad) + 2:
             raise RuntimeError("boom")
-        return choose(self, tokens, logits)
+        return scores(self, tokens, logits)
 
-    monkeypatch.setattr(sampler_module.Sampler, "choose", boom)
+    monkeypatch.setattr(sampler_module.Sampler, "_scores", boom)
     got = together([lambda w=w: ask(batched, *w) for w in work])
     assert isinstance(got[1], RuntimeError)
     assert got[0] == want[0] and got[2] == want[2]

@@ -1,0 +1,177 @@
+"""One engine's side of a request: a validated, tokenized prompt becomes a ``Request`` (what
+the caches hold for it, its plan, its sampler), the executor builds and stores through it,
+and an ended request becomes the caller's ``GenerationResult``.
+
+The engine (``core/engine.py``) validates and tokenizes; this is what it hands the request
+to. It is the ``Owner`` the executor asks (``generation/request.py``), since one executor
+serves every engine on a model and each engine has caches of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import LogitsProcessorList, StopStringCriteria
+
+from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.generation.request import Request
+from kvboost_rag.core.generation.result import GenerationResult, Timings
+from kvboost_rag.core.generation.sampler import Sampler
+from kvboost_rag.core.generation.sampling import SamplingOptions
+from kvboost_rag.core.generation.speculation import PromptLookup
+from kvboost_rag.core.generation.streaming import cut_at_stop
+from kvboost_rag.core.model.handle import ModelHandle
+from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.reuse.assemble import RowKV
+from kvboost_rag.core.reuse.caches import Caches
+from kvboost_rag.core.reuse.context import Context
+from kvboost_rag.core.tools.structure import Constrainer, Structure
+
+
+class RequestPath:
+    """Thread-safe: ``open`` runs on callers' threads, the rest on the executor's."""
+
+    def __init__(
+        self, handle: ModelHandle, tokenizer: Any, config: KVBoostConfig, caches: Caches
+    ) -> None:
+        self.handle = handle
+        self.tokenizer = tokenizer
+        self.config = config
+        self.caches = caches
+        self.batch_size = config.batch_size(handle.device)
+        self.constrainer = Constrainer(tokenizer, sorted(handle.eos))
+        self._requests = self._prompt_tokens = self._reused_tokens = 0
+        self._counting = threading.Lock()  # the three counters, read together
+
+    def counts(self) -> tuple[int, int, int]:
+        """Requests answered, their prompt tokens and the tokens of those reused."""
+        with self._counting:
+            return self._requests, self._prompt_tokens, self._reused_tokens
+
+    def check_stops(self, stops: tuple[str, ...]) -> None:
+        """Stop strings the tokenizer cannot write could never end an answer, and
+        transformers refuses them mid-request: refuse them here, before the model runs."""
+        if not stops:
+            return
+        try:
+            StopStringCriteria(self.tokenizer, list(stops))
+        except ValueError as error:
+            raise ValueError(
+                f"stop strings {list(stops)!r} cannot be written with this tokenizer's "
+                "vocabulary, so they could never end an answer; pass text the model can write"
+            ) from error
+
+    # -- on the caller's thread ----------------------------------------------------------
+
+    def open(
+        self,
+        prompt: TokenizedPrompt,
+        sampling: SamplingOptions,
+        structure: Structure,
+        start: float,
+        feed: list[int] | None = None,
+        stream: Callable[[Request], object] | None = None,
+    ) -> Request:
+        """Look up what the caches hold for ``prompt``, plan on it and hand the request to
+        the model's executor. ``feed``: a logits-only request (tokens fed after the
+        prompt). ``stream`` attaches a stream's hand-offs before the executor runs it."""
+        timings = Timings(tokenize_ms=(time.perf_counter() - start) * 1e3)
+        with timings.stage("lookup"):
+            lookup = self.caches.look_up(prompt)
+        cancel = threading.Event()
+        request = Request(
+            prompt=prompt,
+            sampling=sampling,
+            owner=self,
+            sampler=self._sampler(prompt, sampling, structure, cancel),
+            structure=structure,
+            limit=self.batch_size,
+            start=start,
+            timings=timings,
+            lookup=lookup,
+            plan=lookup.plan(prompt),
+            cancel=cancel,
+            feed=feed,
+        )
+        drafts = sampling.draft_tokens
+        drafts = self.config.draft_length(self.handle.device) if drafts is None else drafts
+        if drafts and feed is None:
+            request.drafter = PromptLookup(prompt.tokens, drafts)
+        if stream is not None:
+            stream(request)
+        self.handle.executor.submit(request)
+        return request
+
+    def _sampler(
+        self,
+        prompt: TokenizedPrompt,
+        sampling: SamplingOptions,
+        structure: Structure,
+        cancel: threading.Event,
+    ) -> Sampler:
+        grammar = structure.grammar()
+        extra = LogitsProcessorList(
+            [self.constrainer.processor(grammar)] if grammar is not None else []
+        )
+        max_new = min(sampling.max_new_tokens, self.handle.context_window - len(prompt.tokens))
+        model = self.handle.model
+        return Sampler(model, self.tokenizer, sampling, len(prompt.tokens), max_new, cancel, extra)
+
+    # -- on the executor's thread (the Owner protocol) -----------------------------------
+
+    def build(self, request: Request, row: RowKV) -> Context:
+        return self.caches.build(request.plan, request.lookup, row, request.timings)
+
+    def finished(self, request: Request, row: RowKV) -> None:
+        if request.feed is not None or request.error is not None:
+            return  # a fidelity check stores no prefix
+        self.caches.remember(request.plan, request.generated, row, self.handle.executor.post)
+
+    def result(self, request: Request) -> GenerationResult:
+        """What the caller gets once ``request`` has ended."""
+        ids = request.generated if request.feed is None else []
+        text, stopped = cut_at_stop(self.decode(ids), request.sampling.stop)
+        plan, context = request.plan, request.context
+        reused = context.reused if context is not None else 0
+        hits = (
+            plan.hits if context is None or context.passages_hit is None else context.passages_hit
+        )
+        first = request.first_at or request.ended_at or time.perf_counter()
+        ended = request.ended_at or first
+        request.timings.decode_ms = (ended - first) * 1e3
+        parsed = request.structure.parse(text)
+        reason = self._finish_reason(request, ids, stopped)
+        if request.feed is None:
+            with self._counting:
+                self._requests += 1
+                self._prompt_tokens += len(plan.tokens)
+                self._reused_tokens += reused
+        return GenerationResult(
+            text=parsed.content,
+            token_ids=ids,
+            finish_reason="tool_calls" if parsed.calls and reason == "stop" else reason,  # type: ignore[arg-type]
+            prompt_tokens=len(plan.tokens),
+            reused_tokens=reused,
+            recomputed_tokens=len(plan.tokens) - reused,
+            ttft_ms=(first - request.start) * 1e3,
+            total_ms=(ended - request.start) * 1e3,
+            timings=request.timings,
+            passages_hit=hits,
+            passages_missed=len(plan.passages) - hits,
+            passages_foreign=plan.foreign,
+            tool_calls=parsed.calls,
+            invalid_tool_calls=parsed.invalid,
+        )
+
+    def _finish_reason(self, request: Request, ids: list[int], stopped: bool) -> str:
+        if request.cancel.is_set():
+            return "cancelled"
+        if stopped or (ids and ids[-1] in self.handle.eos):
+            return "stop"
+        return "length"
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
