@@ -9,8 +9,20 @@ from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.model.rope import rerotate, rotations
 from kvboost_rag.core.reuse.passages import PassageCache, PassageLookup
-from kvboost_rag.core.reuse.plan import Plan
+from kvboost_rag.core.reuse.plan import Plan, PlannedPassage
 from kvboost_rag.core.reuse.repair import RepairPlan, RepairSettings, get_strategy
+
+
+def _as_encoded(passage: PlannedPassage, plan: Plan) -> bool:
+    """Whether ``passage`` sits where its stored variant was encoded: right after that
+    variant's prefix, which is this prompt's own prefix."""
+    source = passage.source
+    return (
+        source is not None
+        and plan.prefix is not None
+        and source.key == plan.prefix.key
+        and passage.offset == len(source.tokens)
+    )
 
 
 class RowKV(Protocol):
@@ -64,8 +76,17 @@ class PassageReuse:
         picks, the fresh ones and the last prompt token; and how many reused tokens are
         kept as they are."""
         spans = [(p.start, p.end) for p in plan.passages]
+        # A passage read right after the very prefix it was encoded after is what a full
+        # prefill computes there: nothing to repair (the strategy's budget goes elsewhere).
+        repairable = [(p.start, p.end) for p in plan.passages if not _as_encoded(p, plan)]
         repair_plan = RepairPlan(
-            plan.tokens, plan.length, plan.exact, spans, row.views(0, plan.length)
+            plan.tokens,
+            plan.length,
+            plan.exact,
+            repairable,
+            row.views(0, plan.length),
+            tail=max(end for _, end in spans),
+            reused_tokens=sum(end - start for start, end in spans),
         )
         strategy = get_strategy(self.settings.strategy)
         chosen = set(strategy(repair_plan, self.settings, self.model))

@@ -31,8 +31,18 @@ class RepairPlan:
     tokens: list[int]  # the whole prompt
     length: int  # positions [0, length) get KV; the rest is fed to generate
     exact: int  # positions [0, exact) hold exact KV and are never recomputed
-    spans: list[tuple[int, int]]  # reused passage spans, [start, end)
+    spans: list[tuple[int, int]]  # reused passage spans that may need repair, [start, end)
     assembled: LayerKV  # KV for [0, length), placeholders at fresh positions
+    # Where the question starts (the end of the last reused passage).
+    tail: int = 0
+    # Reused passage tokens in all, the ones already exact included: what a ratio is of.
+    reused_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tail:
+            object.__setattr__(self, "tail", max((end for _, end in self.spans), default=0))
+        if not self.reused_tokens:
+            object.__setattr__(self, "reused_tokens", sum(e - s for s, e in self.spans))
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> 
     """Run the first layers over every token with full attention; recompute the reused
     tokens whose KV deviates most from the cached KV (CacheBlend)."""
     reused = [p for start, end in plan.spans for p in range(start, end)]
-    count = int(round(settings.recompute_ratio * len(reused)))
+    count = min(len(reused), int(round(settings.recompute_ratio * plan.reused_tokens)))
     if not count:
         return []
     layers = min(settings.probe_layers or 2, len(model_support(model).layers))
@@ -83,7 +93,7 @@ def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
     """Recompute the reused tokens the question attends to most (ProphetKV): those are the
     ones the answer is read from. The question is run over the first ``probe_layers``."""
     reused = [p for start, end in plan.spans for p in range(start, end)]
-    count = int(round(settings.recompute_ratio * len(reused)))
+    count = min(len(reused), int(round(settings.recompute_ratio * plan.reused_tokens)))
     if not count:
         return []
     depth = len(model_support(model).layers)
@@ -96,9 +106,8 @@ def choose_passages(plan: RepairPlan, settings: RepairSettings, model: Any) -> l
     """Whole passages, those whose tokens the question attends to most on average, up to
     ``recompute_ratio`` of the reused tokens (at least one passage): the passage holding
     the answer then sees its neighbours as in a full prefill."""
-    reused = sum(end - start for start, end in plan.spans)
-    budget = settings.recompute_ratio * reused
-    if not budget:
+    budget = settings.recompute_ratio * plan.reused_tokens
+    if not budget or not plan.spans:
         return []
     depth = len(model_support(model).layers)
     score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
@@ -169,7 +178,7 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
     earlier position over the unrepaired cache, summed over the first ``layers`` layers,
     heads and question tokens. On the engine's attention the scores are taken beside the
     forward's own SDPA (a few query rows); other models run eagerly for their weights."""
-    tail = max(end for _, end in plan.spans)
+    tail = plan.tail
     cache = to_cache(head(plan.assembled, tail), model.config)
     ids = torch.tensor([plan.tokens[tail : plan.length + 1]], device=model.device)
     positions = torch.arange(tail, plan.length + 1, device=model.device)[None]
