@@ -33,7 +33,7 @@ from kvboost_rag.bench import front_tasks as tasks
 from kvboost_rag.bench import systems
 from kvboost_rag.bench.baseline import write_report
 from kvboost_rag.bench.corpus import passages
-from kvboost_rag.bench.front_measure import lines, measure, tokens, warm_up
+from kvboost_rag.bench.front_measure import lines, measure, place, tokens, warm_up
 from kvboost_rag.bench.front_report import bos_vs_prefix, draw_front, print_cell, print_prefix
 from kvboost_rag.bench.metrics import median
 
@@ -50,12 +50,29 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "prompt+deviation r=0.15": {"repair": "deviation", "recompute_ratio": 0.15},
     "prompt+passage r=0.15": {"repair": "passage", "recompute_ratio": 0.15},
     "prompt+passage r=0.30": {"repair": "passage", "recompute_ratio": 0.30},
+    "prompt+edges k=4": {"repair": "edges", "edge_tokens": 4},
+    "prompt+query r=0.15 L=4": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 4},
+    "prompt+query r=0.30 L=4": {"repair": "query", "recompute_ratio": 0.30, "probe_layers": 4},
 }
 SYSTEM_SETS = {
     "front": list(OPTIONS),
     "prefix": ["anchor+none", "prompt+none", "anchor+query r=0.30", "prompt+query r=0.30"],
     # Cheaper probes for balanced: the question run over the first 8 of 30 layers.
     "probe": ["prompt+query r=0.30", "prompt+query r=0.30 L=8", "prompt+query r=0.15 L=8"],
+    # The repair options of issue 26 (a probe beside SDPA, budgets on passages that need
+    # it), the answer's passage at every position.
+    "repair": [
+        "exact prefix cache",
+        "prompt+none",
+        "prompt+edges k=4",
+        "prompt+query r=0.15 L=4",
+        "prompt+query r=0.30 L=4",
+        "prompt+query r=0.15 L=8",
+        "prompt+query r=0.30 L=8",
+        "prompt+query r=0.15",
+        "prompt+query r=0.30",
+        "prompt+passage r=0.30",
+    ],
 }
 # The foreign-prefix scenario: each fidelity level with each prefix_fallback.
 FOREIGN = {
@@ -113,8 +130,8 @@ class Plan:
     )
     foreign_tasks: tuple[str, ...] = tasks.TASKS
 
-    def cells(self, options: str) -> list[Cell]:
-        main = [Cell(task, self.queries) for task in tasks.TASKS]
+    def cells(self, options: str, sizes: tuple[int, ...] = (4,)) -> list[Cell]:
+        main = [Cell(task, self.queries, passages=k) for k in sizes for task in tasks.TASKS]
         if options != "front":
             return main
         return [
@@ -141,6 +158,7 @@ class Workloads:
     retriever: tasks.Retriever
     new_tokens: int
     seed: int
+    cycle: bool = False  # the answer's passage at every position in turn
 
 
 def run_cell(
@@ -152,13 +170,14 @@ def run_cell(
     texts = rng.sample(work.texts, cell.pool)
     seed = rng.randrange(1 << 30)
     queries, pool, found = tasks.batch(
-        cell.task, texts, cell.passages, cell.queries, seed, work.retriever
+        cell.task, texts, cell.passages, cell.queries, seed, work.retriever, work.cycle
     )
     system = FOREIGN_SYSTEM if cell.warm == "foreign" else None
     prefix = tasks.warm_prefix(base.tokenizer, cell.task, cell.layout, system)
     warming = systems.warm(engines, pool[::2] if cell.warm == "half" else pool, prefix)
     prompts = [tasks.prompt(base.tokenizer, cell.task, cell.layout, q) for q in queries]
-    rows = measure(base, engines, prompts, [q.answer for q in queries], work.new_tokens)
+    where = [place(q.position, cell.passages) for q in queries]
+    rows = measure(base, engines, prompts, [q.answer for q in queries], work.new_tokens, where)
     for engine in engines.values():
         engine.clear_cache()
     return asdict(cell) | {
@@ -179,14 +198,21 @@ def engines_for(base: KVBoost, options: dict[str, dict[str, Any]]) -> dict[str, 
     }
 
 
-def run(base: KVBoost, plan: Plan, options: str, seed: int) -> dict[str, Any]:
+def run(
+    base: KVBoost,
+    plan: Plan,
+    options: str,
+    seed: int,
+    cycle: bool = False,
+    sizes: tuple[int, ...] = (4,),
+) -> dict[str, Any]:
     """Every cell of the plan; the foreign scenario on its own engines."""
     main = engines_for(base, {n: OPTIONS[n] for n in SYSTEM_SETS[options]})
     foreign = engines_for(base, FOREIGN) if options == "front" else {}
-    todo = plan.cells(options)
+    todo = plan.cells(options, sizes)
     low, high = PASSAGE_TOKENS
     texts = passages(base.tokenizer, high, max(48, *(c.pool for c in todo)), min_tokens=low)
-    work = Workloads(texts, tasks.Retriever(), plan.new_tokens, seed)
+    work = Workloads(texts, tasks.Retriever(), plan.new_tokens, seed, cycle)
     warm_up(base, main | foreign)
     cells: dict[str, Any] = {}
     for i, cell in enumerate(todo):
@@ -214,6 +240,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matrix-queries", type=int, help="queries per other cell")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--positions",
+        action="store_true",
+        help="put the answer's passage at every position in turn",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="4",
+        help="passages per prompt of the main cells: 4 (~1k tokens), 8 (~2k)",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     plan = QUICK if args.quick else Plan()
@@ -227,9 +263,13 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "machine": systems.machine(base),
     }
-    report |= run(base, plan, args.systems, args.seed)
+    sizes = tuple(int(k) for k in args.sizes.split(","))
+    report |= run(base, plan, args.systems, args.seed, args.positions, sizes)
     report["wall_s"] = time.perf_counter() - start
-    stem = "-".join(["front", *([] if args.systems == "front" else [args.systems]), args.dtype])
+    model = [] if args.model == "smollm2-135m-instruct" else [args.model]
+    stem = "-".join(
+        ["front", *([] if args.systems == "front" else [args.systems]), *model, args.dtype]
+    )
     report["chart"] = str(draw_front(report, args.out / f"{stem}.png"))
     write_report(args.out, f"{stem}.json", report)
     print(f"total wall time {report['wall_s']:.0f} s")

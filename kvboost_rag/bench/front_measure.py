@@ -22,6 +22,7 @@ class FrontRow(Row):
 
     foreign: list[int] = field(default_factory=list)  # reused from another prefix's variant
     missed: list[int] = field(default_factory=list)  # not cached
+    where: list[str] = field(default_factory=list)  # the answer's passage: first/middle/last
 
 
 def ask(engine: KVBoost, prompt: tasks.Prompt, new_tokens: int) -> GenerationResult:
@@ -52,9 +53,14 @@ def measure(
     prompts: list[tasks.Prompt],
     answers: list[str],
     new_tokens: int,
+    where: list[str] | None = None,
 ) -> dict[str, FrontRow]:
-    """Every engine answers every prompt right after a full prefill of the same tokens."""
+    """Every engine answers every prompt right after a full prefill of the same tokens.
+    ``where``: per prompt, the answering passage's place (first, middle or last)."""
     rows = {name: FrontRow() for name in ["full prefill", *engines]}
+    where = where or ["?"] * len(prompts)
+    for row in rows.values():
+        row.where.extend(where)
     for prompt, answer in zip(prompts, answers):
         ref, ref_logits = reference(base, prompt, new_tokens)
         full = rows["full prefill"]
@@ -94,8 +100,21 @@ def lines(rows: dict[str, FrontRow]) -> dict[str, dict[str, Any]]:
         line["accuracy_share_pct"] = share
         line["passages_foreign"] = _mean(row.foreign)
         line["passages_missed"] = _mean(row.missed)
+        line["accuracy_by_place_pct"] = {
+            place: 100 * _mean([c for c, w in zip(row.correct, row.where) if w == place])  # type: ignore[operator]
+            for place in PLACES
+            if place in row.where
+        }
         out[name] = line
     return out
+
+
+PLACES = ("first", "middle", "last")
+
+
+def place(position: int, passages: int) -> str:
+    """Where a passage at ``position`` of ``passages`` sits."""
+    return "first" if position == 0 else "last" if position == passages - 1 else "middle"
 
 
 def _mean(values: list[int]) -> float | None:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvboost_rag.bench.front_measure import PLACES
+
 MAIN = "format_passages"  # the layout of the tables the chart and BOS table are drawn from
 
 
@@ -24,14 +26,17 @@ def print_cell(cell: dict[str, Any]) -> None:
     print(
         f"{'option':<26}{'TTFT ms':>9}{'p90':>8}{'speedup':>9}{'acc%':>6}{'share%':>7}"
         f"{'greedy%':>8}{'KL':>7}{'top1%':>6}{'foreign':>8}{'missed':>7}"
+        f"{'first/middle/last acc%':>24}"
     )
     for name, s in cell["systems"].items():
+        places = s.get("accuracy_by_place_pct") or {}
+        by_place = "/".join(_fmt(places.get(p), ".0f").strip() or "-" for p in PLACES)
         print(
             f"{name:<26}{s['median_ttft_ms']:>9.1f}{s['p90_ttft_ms']:>8.1f}{s['speedup']:>8.2f}x"
             f"{_fmt(s['accuracy_pct'], '>6.0f')}{_fmt(s['accuracy_share_pct'], '>7.0f')}"
             f"{_fmt(s['greedy16_match_pct'], '>8.0f')}{_fmt(s['mean_kl'], '>7.3f')}"
             f"{_fmt(s['top1_agreement_pct'], '>6.0f')}{_fmt(s['passages_foreign'], '>8.2f')}"
-            f"{_fmt(s['passages_missed'], '>7.2f')}"
+            f"{_fmt(s['passages_missed'], '>7.2f')}{by_place:>24}"
         )
 
 

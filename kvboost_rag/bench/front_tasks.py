@@ -47,6 +47,7 @@ class Query:
     question: str
     answer: str  # correct when these words appear in the output
     lead: str = ""  # what the answer turn starts with (the quote); "" for a chat prompt
+    position: int = -1  # which of ``docs`` holds the answer
 
 
 def packaged(system: str, texts: Sequence[str], question: str) -> Messages:
@@ -102,21 +103,37 @@ def is_correct(answer: str, output: str) -> bool:
 
 
 def batch(
-    task: str, texts: Sequence[str], k: int, n: int, seed: int, retriever: Retriever | None
+    task: str,
+    texts: Sequence[str],
+    k: int,
+    n: int,
+    seed: int,
+    retriever: Retriever | None,
+    cycle: bool = False,
 ) -> tuple[list[Query], list[str], float | None]:
     """``n`` queries of ``k`` passages over a pool made of ``texts``; the pool as its
     passages appear in prompts (what to warm); for the essay task the share of questions
-    whose passage retrieval found (None for fact, whose neighbours are random)."""
+    whose passage retrieval found (None for fact, whose neighbours are random). ``cycle``:
+    query ``i``'s answering passage is put at position ``i % k`` (else where it fell)."""
     if task == "fact":
         pool = fact_passages(list(texts), seed)
         queries = [
-            Query([d.text for d in docs], target.question, target.answer)
+            Query([d.text for d in docs], target.question, target.answer, "", docs.index(target))
             for docs, target in rag.queries(pool, k, n, seed)
         ]
-        return queries, [p.text for p in pool], None
+        queries, base = [at(q, i % k) if cycle else q for i, q in enumerate(queries)], pool
+        return queries, [p.text for p in base], None
     assert task == "essay" and retriever is not None
     queries, found = essay_batch(texts, k, n, seed, retriever)
-    return queries, list(texts), found
+    return [at(q, i % k) if cycle else q for i, q in enumerate(queries)], list(texts), found
+
+
+def at(query: Query, position: int) -> Query:
+    """``query`` with its answering passage moved to ``position``, the others in order."""
+    docs = list(query.docs)
+    target = docs.pop(query.position)
+    docs.insert(position, target)
+    return Query(docs, query.question, query.answer, query.lead, position)
 
 
 def essay_question(j: int, texts: Sequence[str], rng: random.Random) -> Query:
@@ -169,5 +186,6 @@ def essay_batch(
         found += j in top
         picked = top if j in top else [*top[:-1], j]
         rng.shuffle(picked)
-        out.append(Query([texts[p] for p in picked], target.question, target.answer, target.lead))
+        docs = [texts[p] for p in picked]
+        out.append(Query(docs, target.question, target.answer, target.lead, picked.index(j)))
     return out, found / n
