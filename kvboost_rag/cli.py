@@ -16,6 +16,7 @@ BENCHES = {
     "chat": "chat",
     "constrained": "constrained",
     "decode": "decode",
+    "exactness": "exactness",
     "faults": "faults",
     "front": "front",
     "latency": "latency",
