@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kvboost_rag.core.generation.result import GenerationResult
 
@@ -132,7 +132,7 @@ class GenerationStream:
                     if isinstance(item, BaseException):
                         raise item
                     return
-                delta, tokens = item  # type: ignore[misc]
+                delta, tokens = cast(tuple[str, int], item)
                 self._text.append(delta)
                 self._tokens = tokens
                 yield delta

@@ -61,7 +61,7 @@ def to_cache(kv: LayerKV, config: PretrainedConfig) -> DynamicCache:
 
 def layer_kv(cache: DynamicCache) -> LayerKV:
     """Each layer's (keys, values) of ``cache``, as views (no copy)."""
-    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[misc]
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]
 
 
 def batch_rows(cache: DynamicCache, starts: Sequence[int], lengths: Sequence[int]) -> list[LayerKV]:

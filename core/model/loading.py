@@ -171,6 +171,7 @@ def _convert_gguf(gguf: Path, target: Path, spec: EmbeddedModel) -> None:
             tokenizer.chat_template = spec.chat_template
         if spec.stop_tokens:
             stops = tokenizer.convert_tokens_to_ids(list(spec.stop_tokens))
+            stops = stops if isinstance(stops, list) else [stops]
             model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -149,7 +149,7 @@ class Caches:
             for tokens in encode:
                 events[tokens] = self._encoding.setdefault(tokens, threading.Event())
         for tokens in encode:  # one job per passage: a request waits for one at most
-            post(lambda tokens=tokens: self._encode(prefix, tokens, events[tokens]))
+            post(partial(self._encode, prefix, tokens, events[tokens]))
 
     def _encode(self, prefix: Prefix, tokens: tuple[int, ...], event: threading.Event) -> None:
         assert self.passages is not None

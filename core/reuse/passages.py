@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import NamedTuple
 
 from kvboost_rag.core.model.kv import LayerKV
@@ -157,8 +158,9 @@ class PassageCache:
         unique = list(missing)
         # Store each batch as it is encoded: its disk writes overlap the next batch.
         for batch in self.encoder.batches(unique, batch_size):
-            pieces = [unique[i] for i in batch]
-            encoded = run(lambda pieces=pieces: self.encoder.encode_batch(prefix.tokens, pieces))
+            encoded = run(
+                partial(self.encoder.encode_batch, prefix.tokens, [unique[i] for i in batch])
+            )
             for i, kv in zip(batch, encoded):
                 key, tokens = self.key(prefix, unique[i]), prefix.tokens + unique[i]
                 self.store.put(key, tokens, kv, persist=True, approximate=True)
