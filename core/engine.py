@@ -9,6 +9,7 @@ answer leaves behind is stored off the request path (``Caches.remember``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,8 @@ from kvboost_rag.core.generation.streaming import GenerationStream, cut_at_stop
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
-    default_device,
+    check_device,
+    check_dtype,
     default_dtype,
     load_model,
     resolve_model_path,
@@ -97,12 +99,22 @@ class KVBoost:
         config: KVBoostConfig | None = None,
         **model_kwargs: Any,
     ) -> KVBoost:
-        """Load an embedded alias (``"smollm2-135m-instruct"``), a local path or an HF id."""
-        dev = torch.device(device) if device is not None else default_device()
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+        """Load an embedded alias (``"smollm2-135m-instruct"``), a local path or an HF id.
+
+        ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
+        hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
+        available). ``config``: how the engine caches (``KVBoostConfig``). Other keyword
+        arguments go to transformers' ``from_pretrained`` (``device_map``,
+        ``attn_implementation``, ...). Every argument is checked before anything loads:
+        ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
+        for the others."""
+        _check_model_kwargs(model_kwargs)
+        if config is not None and not isinstance(config, KVBoostConfig):
+            raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
+        dev = check_device(device)
+        chosen = check_dtype(dtype) or default_dtype(dev)
         path = resolve_model_path(model)
-        hf_model, tokenizer = load_model(path, dtype or default_dtype(dev), dev, **model_kwargs)
+        hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
         engine = cls(hf_model, tokenizer, config)
         engine.name = model
         return engine
@@ -444,6 +456,20 @@ class KVBoost:
             self._prompt_tokens += len(plan.tokens) if request.feed is None else 0
             self._reused_tokens += reused if request.feed is None else 0
         return result
+
+
+def _check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
+    """``from_pretrained``'s extra arguments are transformers': an engine setting among
+    them would reach the model's constructor and fail there, after loading."""
+    settings = sorted(set(model_kwargs) & {f.name for f in dataclasses.fields(KVBoostConfig)})
+    if settings:
+        given = ", ".join(f"{name}={model_kwargs[name]!r}" for name in settings)
+        raise TypeError(
+            f"{', '.join(settings)}: engine settings, not model-loading arguments; pass "
+            f"config=KVBoostConfig({given})"
+        )
+    if "torch_dtype" in model_kwargs:
+        raise TypeError("pass dtype= (torch_dtype is transformers' old name for it)")
 
 
 class _Owner:

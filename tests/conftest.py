@@ -134,6 +134,16 @@ def engine(arch: str, tokenizer: PreTrainedTokenizerFast) -> KVBoost:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder holding the tiny random Llama and its tokenizer, as ``save_pretrained``
+    writes them: what ``KVBoost.from_pretrained(folder)`` loads in well under a second."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_model("llama").save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def embedded() -> KVBoost:
     """The embedded SmolLM2 in fp32 (converted once per machine, then cached)."""
     return KVBoost.from_pretrained("smollm2-135m-instruct", dtype=torch.float32)

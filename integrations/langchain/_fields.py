@@ -65,10 +65,11 @@ class KVBoostFields(SamplingFields):
         default=False, description="Generate through the streaming path (token callbacks)."
     )
 
-    @model_validator(mode="after")
-    def _attach_engine(self) -> KVBoostFields:
-        self.engine_options()  # validates the sampling fields together
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
         if self.engine is None:
+            # Loaded once the fields are valid, outside pydantic's validators, which would
+            # wrap the loader's specific errors (UnknownModelError, ...) in a ValidationError.
             self.engine = load_engine(
                 self.model_id,
                 fidelity=self.fidelity,
@@ -76,7 +77,12 @@ class KVBoostFields(SamplingFields):
                 device=self.device,
                 config=self.config,
             )
-            return self
+
+    @model_validator(mode="after")
+    def _attach_engine(self) -> KVBoostFields:
+        self.engine_options()  # validates the sampling fields together
+        if self.engine is None:
+            return self  # loaded by __init__
         given = [name for name in LOAD_FIELDS if name in self.model_fields_set]
         if given:
             raise ValueError(
