@@ -140,8 +140,9 @@ class Warmer:
                     self._prompts.context_window,
                     f"{name}: its longest piece ({longest} tokens) after the "
                     f"{prefix_tokens}-token prefix",
-                    "split it into shorter sentences or paragraphs (a long document is split "
-                    "only between sentences), or warm it after a shorter prefix",
+                    "set KVBoostConfig(max_passage_tokens=) below "
+                    f"{self._prompts.context_window - prefix_tokens} (long documents are split "
+                    "into pieces of at most that many tokens), or warm it after a shorter prefix",
                 )
             pieces += own
         return pieces

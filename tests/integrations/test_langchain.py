@@ -260,6 +260,16 @@ def test_splitter_chunks_are_whole_kv_units(engine: KVBoost, tokenizer) -> None:
         KVBoostTextSplitter(tokenizer)
 
 
+@pytest.mark.parametrize("text", ["word " * 2000, "z" * 3000])
+def test_splitter_keeps_chunk_size_without_sentence_ends(engine: KVBoost, text: str) -> None:
+    chunks = KVBoostTextSplitter(engine, chunk_size=32).split_text(text)
+    assert len(chunks) > 60  # was one chunk of the whole text
+    assert (
+        max(len(engine.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks) <= 32
+    )
+    assert "".join(chunks).replace(" ", "") == text.replace(" ", "")  # only edges stripped
+
+
 def test_token_counts_and_tracing_params(chat: ChatKVBoost, llm: KVBoostLLM, tokenizer) -> None:
     text = "Hello there"
     expected = len(tokenizer(text, add_special_tokens=False).input_ids)

@@ -199,6 +199,17 @@ def test_node_parser_cuts_whole_sentences_that_each_fit(engine: KVBoost, tokeniz
     assert KVBoostNodeParser.from_engine(engine).max_passage_tokens == 512
 
 
+def test_node_parser_keeps_max_passage_tokens_without_sentence_ends(engine: KVBoost) -> None:
+    """The README says every node fits max_passage_tokens: one without sentence ends was a
+    single 2,001-token node."""
+    parser = KVBoostNodeParser.from_engine(engine, max_passage_tokens=40)
+    for text in ["word " * 2000, "z" * 3000]:
+        nodes = parser.get_nodes_from_documents([Document(text=text)])
+        sizes = [len(engine.tokenizer(n.get_content())["input_ids"]) for n in nodes]
+        assert len(nodes) > 50 and max(sizes) <= 40
+        assert "".join(parser.split_text(text)) == text
+
+
 def test_node_parser_in_an_ingestion_pipeline(engine: KVBoost) -> None:
     parser = KVBoostNodeParser.from_engine(engine, max_passage_tokens=80)
     docs = [Document(text=" ".join(TEXTS * 3), metadata={"source": "towers"})]

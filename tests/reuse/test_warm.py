@@ -72,7 +72,8 @@ def test_bad_targets_and_documents(engine: KVBoost) -> None:
         warm_corpus(engine, ["ok", 3])
     with pytest.raises(ValueError, match=r"documents\[0\] is empty: leave it out"):
         warm_corpus(engine, [""])
-    with pytest.raises(ContextWindowError, match=r"documents\[0\] \('xxx.*is 601 tokens"):
+    # Split into pieces of max_passage_tokens (512), which with BOS do not fit the window.
+    with pytest.raises(ContextWindowError, match=r"documents\[0\] \('xxx.*is 513 tokens"):
         warm_corpus(engine, ["x" * 600], progress=False)
 
 
@@ -109,8 +110,8 @@ REJECTED = [
     (
         "Short. " + "y" * 600,
         ContextWindowError,
-        r"documents\[2\] \('Short. yyy.*\.\.\.'\): its longest piece \(600 tokens\) after "
-        r"the 1-token prefix is 601 tokens .* split it into shorter sentences",
+        r"documents\[2\] \('Short. yyy.*\.\.\.'\): its longest piece \(512 tokens\) after "
+        r"the 1-token prefix is 513 tokens .* set KVBoostConfig\(max_passage_tokens=\) below 511",
     ),
 ]
 
@@ -141,7 +142,7 @@ def test_too_long_after_the_prefix_names_the_document(engine: KVBoost) -> None:
 
 
 def test_warm_passages_names_a_text_by_its_index(engine: KVBoost) -> None:
-    with pytest.raises(ContextWindowError, match=r"texts\[1\]: its longest piece \(600 tokens"):
+    with pytest.raises(ContextWindowError, match=r"texts\[1\]: its longest piece \(512 tokens"):
         engine.warm_passages(["fine", "x" * 600])
 
 
