@@ -324,6 +324,7 @@ class KVBoost:
         response_format: ResponseFormat | None,
         constrain: bool | None,
     ) -> tuple[SamplingOptions, Structure]:
+        _check_options(options)
         sampling = SamplingOptions.build(**options)
         self._check_stops(sampling.stop)
         structure = self.structure(
@@ -456,6 +457,22 @@ class KVBoost:
             self._prompt_tokens += len(plan.tokens) if request.feed is None else 0
             self._reused_tokens += reused if request.feed is None else 0
         return result
+
+
+SAMPLING_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingOptions))
+# What the framework adapters call an option, and the engine's name for it.
+ADAPTER_NAMES = {"max_tokens": "max_new_tokens"}
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """A request's keyword options are sampling options, named as the engine names them."""
+    unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
+    if unknown:
+        hints = [f"{k}= is {ADAPTER_NAMES[k]}= here" for k in unknown if k in ADAPTER_NAMES]
+        raise TypeError(
+            f"unknown option(s) {unknown}; a request takes {list(SAMPLING_OPTIONS)}"
+            + "".join(f" ({hint})" for hint in hints)
+        )
 
 
 def _check_model_kwargs(model_kwargs: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -48,14 +48,15 @@ def warm_corpus(
       template variable before the documents (a question) ends it: the fixed head is
       warmed, and prompts starting with it reuse it through ``prefix_fallback="nearest"``.
 
-    With ``cache_dir`` set the KV is written through to disk. Raises ``TypeError`` for an
-    unknown target, document or prefix, ``ValueError`` for a document that cannot be a
-    passage (empty, only whitespace, not valid Unicode, holding a passage marker) and
-    ``ContextWindowError`` for one with a sentence too long to encode after the prefix:
-    each names the document (index, id, source, start of its text) and the fix.
+    With ``cache_dir`` set the KV is written through to disk. A document given twice is
+    encoded and counted once. Raises ``TypeError`` for an unknown target, one string
+    instead of a list, an unknown document or prefix, ``ValueError`` for a document that
+    cannot be a passage (empty, only whitespace, not valid Unicode, holding a passage
+    marker) and ``ContextWindowError`` for one too long to encode after the prefix: each
+    names the document (index, id, source, start of its text) and the fix.
     """
     engine = KVBoost.of(target)
-    documents = list(documents)
+    documents = document_list(documents)
     texts = [document_text(doc, i) for i, doc in enumerate(documents)]
     names = [document_label(doc, i, text) for i, (doc, text) in enumerate(zip(documents, texts))]
     engine_prefix = resolve_prefix(prefix, target)
@@ -66,6 +67,18 @@ def warm_corpus(
         return engine.warm_passages(
             texts, prefix=engine_prefix, batch_size=batch_size, progress=bar.update, names=names
         )
+
+
+def document_list(documents: Iterable[Any]) -> list[Any]:
+    """``documents`` as a list; one string (or one document) is refused, not read as a
+    document per character."""
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Iterable):
+        kind = type(documents).__name__
+        raise TypeError(
+            f"documents is a {kind}, not a collection of documents: pass a list of them "
+            "(for one document, [document])"
+        )
+    return list(documents)
 
 
 def chat_prefix(system: str) -> list[dict[str, str]]:

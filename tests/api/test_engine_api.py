@@ -96,6 +96,15 @@ def test_empty_prompt_and_messages(llama: KVBoost) -> None:
         llama.generate(["hi"])  # type: ignore[arg-type]
 
 
+def test_an_adapter_option_name_is_named_with_the_engines(llama: KVBoost) -> None:
+    """generate(q, max_tokens=8) raised "SamplingOptions.__init__() got an unexpected
+    keyword argument": a class the caller never met."""
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['max_tokens'\]") as caught:
+        llama.generate(PROMPT, max_tokens=8)
+    assert "(max_tokens= is max_new_tokens= here)" in str(caught.value)
+    assert "SamplingOptions" not in str(caught.value)
+
+
 def test_prompt_over_the_context_window_names_both_lengths(llama: KVBoost) -> None:
     with pytest.raises(ContextWindowError, match="prompt is 600 tokens .* context window is 512"):
         llama.generate("x" * 600)

@@ -260,6 +260,15 @@ def test_splitter_chunks_are_whole_kv_units(engine: KVBoost, tokenizer) -> None:
         KVBoostTextSplitter(tokenizer)
 
 
+def test_a_bad_max_tokens_is_named_as_it_was_passed(chat: ChatKVBoost, llm: KVBoostLLM) -> None:
+    """invoke(..., max_tokens=0) said "max_new_tokens must be ...", a name the caller never
+    used."""
+    for model in (chat, llm):
+        for bad in (0, -3, True, 2.5):
+            with pytest.raises(ValueError, match=rf"^max_tokens must be an int >= 1, got {bad!r}$"):
+                model.invoke(QUESTION, max_tokens=bad)
+
+
 @pytest.mark.parametrize("text", ["word " * 2000, "z" * 3000])
 def test_splitter_keeps_chunk_size_without_sentence_ends(engine: KVBoost, text: str) -> None:
     chunks = KVBoostTextSplitter(engine, chunk_size=32).split_text(text)
@@ -307,7 +316,7 @@ def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostLLM, engine: KV
         chat.invoke(QUESTION, documents="abc")  # was three one-letter passages
     with pytest.raises(ValueError, match="stop must be a str"):
         llm.invoke(QUESTION, stop=5)  # was "'int' object is not iterable" in _get_ls_params
-    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got True"):
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1, got True"):
         chat.invoke(QUESTION, max_tokens=True)  # was 1 token
     bad_fields = ({"max_tokens": True}, {"top_k": True}, {"temperature": float("inf")})
     for field in (*bad_fields, {"seed": 2**64}):

@@ -133,6 +133,12 @@ def test_engine_errors_propagate(llm: KVBoostLLM) -> None:
         list(llm.stream_chat([ChatMessage(role="user", content=CLOSE)]))
 
 
+def test_a_bad_max_tokens_is_named_as_it_was_passed(llm: KVBoostLLM) -> None:
+    """It was reported as the engine's max_new_tokens."""
+    with pytest.raises(ValueError, match=r"^max_tokens must be an int >= 1, got 0$"):
+        llm.complete("The tower", max_tokens=0)
+
+
 def test_instrumentation_sees_every_call(llm: KVBoostLLM) -> None:
     seen: list[dict] = []
 

@@ -188,6 +188,12 @@ def test_a_chat_prefix_is_reused_exactly_and_none_is_foreign(engine: KVBoost) ->
     assert reuse(engine.chat(messages, max_new_tokens=2)) == (2, 0, 0)
 
 
+def test_one_string_is_not_a_corpus(engine: KVBoost) -> None:
+    """It was read one character at a time ("documents[4] is only whitespace")."""
+    with pytest.raises(TypeError, match="documents is a str, not a collection of documents"):
+        warm_corpus(engine, "The sky is blue.")
+
+
 def test_unknown_prefixes_get_specific_errors(engine: KVBoost) -> None:
     with pytest.raises(TypeError, match="prefix is a int: pass None, a prompt string"):
         warm_corpus(engine, DOCS, prefix=3)
