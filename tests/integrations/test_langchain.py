@@ -15,7 +15,7 @@ from langchain_core.messages import FunctionMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import ValidationError
 
-from kvboost_rag import KVBoost, KVBoostConfig, MarkerError, passage
+from kvboost_rag import EmptyPromptError, KVBoost, KVBoostConfig, MarkerError, passage
 from kvboost_rag.integrations.langchain import (
     ChatKVBoost,
     KVBoostLLM,
@@ -258,6 +258,22 @@ def test_splitter_chunks_are_whole_kv_units(engine: KVBoost, tokenizer) -> None:
         KVBoostTextSplitter(engine, chunk_overlap=20)
     with pytest.raises(TypeError, match="KVBoost engine"):
         KVBoostTextSplitter(tokenizer)
+
+
+@pytest.mark.parametrize(
+    "empty", ["", "   \n\t ", [HumanMessage("  ")], [SystemMessage(" "), HumanMessage("\n")]]
+)
+def test_whitespace_only_input_is_an_empty_prompt(
+    chat: ChatKVBoost, llm: KVBoostLLM, empty: Any
+) -> None:
+    """invoke("") answered: the chat template alone is not a prompt."""
+    with pytest.raises(EmptyPromptError):
+        chat.invoke(empty)
+    with pytest.raises(EmptyPromptError):
+        list(chat.stream(empty))
+    if isinstance(empty, str):
+        with pytest.raises(EmptyPromptError):
+            llm.invoke(empty)
 
 
 def test_a_bad_max_tokens_is_named_as_it_was_passed(chat: ChatKVBoost, llm: KVBoostLLM) -> None:

@@ -133,6 +133,17 @@ def test_engine_errors_propagate(llm: KVBoostLLM) -> None:
         list(llm.stream_chat([ChatMessage(role="user", content=CLOSE)]))
 
 
+def test_whitespace_prompts_are_empty_prompts(llm: KVBoostLLM) -> None:
+    """complete("   ") answered from 3 tokens of whitespace."""
+    for empty in ("   ", "\n\t "):
+        with pytest.raises(EmptyPromptError):
+            llm.complete(empty)
+        with pytest.raises(EmptyPromptError):
+            list(llm.stream_complete(empty))
+        with pytest.raises(EmptyPromptError):
+            llm.chat([ChatMessage(role="user", content=empty)])
+
+
 def test_a_bad_max_tokens_is_named_as_it_was_passed(llm: KVBoostLLM) -> None:
     """It was reported as the engine's max_new_tokens."""
     with pytest.raises(ValueError, match=r"^max_tokens must be an int >= 1, got 0$"):
