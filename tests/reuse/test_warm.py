@@ -188,6 +188,66 @@ def test_a_chat_prefix_is_reused_exactly_and_none_is_foreign(engine: KVBoost) ->
     assert reuse(engine.chat(messages, max_new_tokens=2)) == (2, 0, 0)
 
 
+def passage_tokens(engine: KVBoost, docs: list[str]) -> int:
+    return sum(map(len, engine._prompts.passages(docs)))
+
+
+HEAD = "Answer from these notes, and say which one you used.\n"
+
+
+def ask(engine: KVBoost, layout: str, question: str):  # type: ignore[no-untyped-def]
+    passages = format_passages(DOCS[2::-1])
+    if layout == "prompt":
+        return engine.generate(HEAD + passages + question, max_new_tokens=1)
+    messages = [
+        {"role": "system", "content": HEAD},
+        {"role": "user", "content": passages + question},
+    ]
+    return engine.chat(messages, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("layout", ["prompt", "chat"])
+def test_the_first_request_after_warming_a_prefix_reuses_its_head(tokenizer, layout: str) -> None:
+    """warm_corpus(prefix=) warmed the passages but not the head before them: the first
+    request recomputed it (36 of 124 tokens reused, 90 from the second on)."""
+    engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(fidelity="fast"))
+    prefix = HEAD if layout == "prompt" else chat_prefix(HEAD)
+    warm_corpus(engine, DOCS[:3], prefix=prefix, progress=False)
+    first = ask(engine, layout, "Which item?")
+    second = ask(engine, layout, "Which costs 6?")
+    assert reuse(first) == (3, 0, 0)
+    head_tokens = len(engine.passage_prefix(prefix))
+    assert first.reused_tokens >= head_tokens + passage_tokens(engine, DOCS[:3])
+    assert first.reused_tokens == second.reused_tokens
+
+
+def test_warm_reports_count_what_the_cache_holds(tokenizer) -> None:
+    """Duplicates were counted once per copy: new=5 and 576,000 bytes for a cache that
+    held 2 entries of 230,400 bytes."""
+    engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(block_tokens=8))
+    docs = ["The sky is blue."] * 4 + ["Grass is green."]
+    report = warm_corpus(engine, docs, progress=False)
+    held = engine.stats().cache
+    assert (report.documents, report.units, report.new, report.cached) == (5, 2, 2, 0)
+    assert (held.entries, held.bytes) == (report.units, report.bytes)
+    assert report.tokens == passage_tokens(engine, docs[3:])
+    again = warm_corpus(engine, docs, progress=False)
+    assert (again.units, again.new, again.cached, again.bytes) == (2, 0, 2, report.bytes)
+    # A prefix: 21 tokens in blocks of 8 are 2 full blocks and a tail, all 3 stored.
+    text = engine.warm("x" * 20)
+    assert (text.units, text.new, text.cached) == (3, 3, 0)
+    assert engine.stats().cache.entries == 2 + 3
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True, "2"])
+def test_batch_size_must_be_a_positive_int(engine: KVBoost, batch_size: object) -> None:
+    with pytest.raises(ValueError, match=r"batch_size must be an int >= 1 .* got"):
+        warm_corpus(engine, DOCS, batch_size=batch_size, progress=False)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        engine.warm_passages(DOCS, batch_size=batch_size)  # type: ignore[arg-type]
+    assert engine.stats().cache.entries == 0
+
+
 def test_one_string_is_not_a_corpus(engine: KVBoost) -> None:
     """It was read one character at a time ("documents[4] is only whitespace")."""
     with pytest.raises(TypeError, match="documents is a str, not a collection of documents"):
