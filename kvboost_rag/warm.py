@@ -63,7 +63,8 @@ def warm_corpus(
     # One call over the whole corpus, so encoding batches group similar lengths globally.
     if not progress:  # no bar at all: even a disabled tqdm starts its monitor thread
         return engine.warm_passages(texts, prefix=engine_prefix, batch_size=batch_size, names=names)
-    with tqdm(unit="passage", desc="encoding") as bar:
+    # tqdm writes the unit right after the count ("0passage"): the space is the unit's.
+    with tqdm(unit=" passages", desc="encoding") as bar:
         return engine.warm_passages(
             texts, prefix=engine_prefix, batch_size=batch_size, progress=bar.update, names=names
         )

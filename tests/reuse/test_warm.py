@@ -254,6 +254,12 @@ def test_one_string_is_not_a_corpus(engine: KVBoost) -> None:
         warm_corpus(engine, "The sky is blue.")
 
 
+def test_the_progress_bar_counts_passages(engine: KVBoost, capsys) -> None:
+    warm_corpus(engine, DOCS[:2])
+    err = capsys.readouterr().err
+    assert "encoding: 2 passages" in err and "0passage" not in err
+
+
 def test_unknown_prefixes_get_specific_errors(engine: KVBoost) -> None:
     with pytest.raises(TypeError, match="prefix is a int: pass None, a prompt string"):
         warm_corpus(engine, DOCS, prefix=3)
