@@ -12,6 +12,7 @@ import importlib
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,28 +77,32 @@ def warm_folder(args: argparse.Namespace) -> None:
 
     if args.cache_dir is None and args.remote_url is None:
         raise BadUsage("warm needs --cache-dir, --remote-url or both: where the KV goes")
-    files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
-    if not files:
-        raise BadUsage(f"no files match {args.glob!r} in {args.folder}")
-    texts, skipped = read_texts(files, args.strict)
-    if not texts:
-        raise CommandFailed(f"none of the {len(files)} files in {args.folder} can be warmed")
-    if args.cache_dir is not None:
-        try:  # here, before the model loads: the engine would warn and keep KV in memory
-            args.cache_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            message = f"--cache-dir {args.cache_dir} cannot be made: {error.strerror}"
-            raise BadUsage(message) from None
-    config = KVBoostConfig(
+    config = KVBoostConfig(  # checks the values first: bad usage is found before any work
         cache_dir=args.cache_dir,
         fidelity=args.fidelity,
         remote_url=args.remote_url,
         remote_namespace=args.remote_namespace,
         kv_codec=args.kv_codec,
     )
+    files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
+    if not files:
+        raise BadUsage(f"no files match {args.glob!r} in {args.folder}")
+    if args.cache_dir is not None:
+        try:  # here, before the model loads: the engine would warn and keep KV in memory
+            args.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            message = f"--cache-dir {args.cache_dir} cannot be made: {error.strerror}"
+            raise BadUsage(message) from None
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
     prefix = chat_prefix(args.system) if args.system is not None else args.prefix
-    report = warm_corpus(engine, texts, prefix=prefix)
+    engine.passage_prefix(prefix)  # a layout the engine cannot use is bad usage too
+    texts, skipped = read_texts(files, args.strict)
+    if not texts:
+        raise CommandFailed(f"none of the {len(files)} files in {args.folder} can be warmed")
+    try:
+        report = warm_corpus(engine, texts, prefix=prefix)
+    except ValueError as error:  # a file that cannot be a passage: the data, not the usage
+        raise CommandFailed(str(error)) from error
     print(
         f"warmed {report.documents} files into {report.units} passages "
         f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
@@ -126,10 +131,19 @@ def warm_folder(args: argparse.Namespace) -> None:
             )
 
 
-def read_texts(files: list[Path], strict: bool) -> tuple[list[str], int]:
+@dataclass(frozen=True)
+class FileText:
+    """A file's text as warm_corpus takes a document: its errors name the file."""
+
+    page_content: str
+    metadata: dict[str, str]
+
+
+def read_texts(files: list[Path], strict: bool) -> tuple[list[FileText], int]:
     """The text of each file; a file that is not UTF-8 text or has none is skipped with a
     warning naming it (``strict``: the command stops there with that message)."""
-    texts, skipped = [], 0
+    texts: list[FileText] = []
+    skipped = 0
     for path in files:
         try:
             text = path.read_text(encoding="utf-8")
@@ -139,7 +153,7 @@ def read_texts(files: list[Path], strict: bool) -> tuple[list[str], int]:
         except OSError as error:
             problem = f"it cannot be read ({error.strerror})"
         if problem is None:
-            texts.append(text)
+            texts.append(FileText(text, {"source": str(path)}))
             continue
         if strict:
             raise CommandFailed(f"{path}: {problem}")
