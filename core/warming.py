@@ -133,7 +133,7 @@ class Warmer:
         self, texts: Sequence[str] | str, names: Sequence[str] | None, prefix_tokens: int
     ) -> list[list[int]]:
         """Every text's pieces, each text tokenized alone so that one that cannot be
-        encoded after ``prefix_tokens`` tokens is named."""
+        encoded after ``prefix_tokens`` tokens, or holds no passage, is named."""
         if isinstance(texts, str):  # a prompt: its marked passages
             groups: list[Sequence[str] | str] = [texts]
             names = names or ["a passage of the prompt"]
@@ -143,23 +143,32 @@ class Warmer:
         assert len(names) == len(groups), "one name per text"
         pieces: list[list[int]] = []
         for group, name in zip(groups, names):
-            try:
-                own = self._prompts.passages(group)
-                longest = max(map(len, own), default=0)
-            except ContextWindowError as error:  # a piece too long even without the prefix
-                own, longest = [], error.prompt_tokens
-            if prefix_tokens + longest >= self._prompts.context_window:
-                raise ContextWindowError(
-                    prefix_tokens + longest,
-                    self._prompts.context_window,
-                    f"{name}: its longest piece ({longest} tokens) after the "
-                    f"{prefix_tokens}-token prefix",
-                    "set KVBoostConfig(max_passage_tokens=) below "
-                    f"{self._prompts.context_window - prefix_tokens} (long documents are split "
-                    "into pieces of at most that many tokens), or warm it after a shorter prefix",
-                )
+            own = self._text_pieces(group, name, prefix_tokens)
+            if not own and not isinstance(group, str):  # a prompt may mark no passage
+                what = "empty" if not group[0] else "only whitespace"
+                raise ValueError(f"{name} is {what}: it holds no passage to warm; leave it out")
             pieces += own
         return pieces
+
+    def _text_pieces(
+        self, group: Sequence[str] | str, name: str, prefix_tokens: int
+    ) -> list[list[int]]:
+        try:
+            own = self._prompts.passages(group)
+            longest = max(map(len, own), default=0)
+        except ContextWindowError as error:  # a piece too long even without the prefix
+            own, longest = [], error.prompt_tokens
+        if prefix_tokens + longest >= self._prompts.context_window:
+            raise ContextWindowError(
+                prefix_tokens + longest,
+                self._prompts.context_window,
+                f"{name}: its longest piece ({longest} tokens) after the "
+                f"{prefix_tokens}-token prefix",
+                "set KVBoostConfig(max_passage_tokens=) below "
+                f"{self._prompts.context_window - prefix_tokens} (long documents are split "
+                "into pieces of at most that many tokens), or warm it after a shorter prefix",
+            )
+        return own
 
     def passage_prefix(self, prefix: str | Sequence[Message] | None) -> list[int]:
         """The tokens passages are encoded after for prompts laid out like ``prefix``.

@@ -248,6 +248,15 @@ def test_batch_size_must_be_a_positive_int(engine: KVBoost, batch_size: object) 
     assert engine.stats().cache.entries == 0
 
 
+@pytest.mark.parametrize("blank", ["", "  \n\t"])
+def test_a_blank_text_is_refused_by_warm_passages_too(engine: KVBoost, blank: str) -> None:
+    """warm_corpus refused it; engine.warm_passages warmed nothing and said nothing (found
+    by the whitespace property in tests/api/test_fuzz_api.py)."""
+    with pytest.raises(ValueError, match=r"texts\[1\] is (empty|only whitespace): it holds no"):
+        engine.warm_passages(["Fine text.", blank])
+    assert engine.stats().cache.entries == 0
+
+
 def test_one_string_is_not_a_corpus(engine: KVBoost) -> None:
     """It was read one character at a time ("documents[4] is only whitespace")."""
     with pytest.raises(TypeError, match="documents is a str, not a collection of documents"):
