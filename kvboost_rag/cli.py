@@ -73,6 +73,7 @@ def warm_folder(args: argparse.Namespace) -> None:
     """Warm every matching text file of a folder into ``--cache-dir`` and / or
     ``--remote-url`` and print the report."""
     from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+    from kvboost_rag.core.prompt.chunker import parse_segments
     from kvboost_rag.warm import chat_prefix
 
     if args.cache_dir is None and args.remote_url is None:
@@ -93,6 +94,9 @@ def warm_folder(args: argparse.Namespace) -> None:
         except OSError as error:
             message = f"--cache-dir {args.cache_dir} cannot be made: {error.strerror}"
             raise BadUsage(message) from None
+    for layout in (args.prefix, args.system):
+        if layout is not None:
+            parse_segments(layout)  # a stray passage marker (MarkerError), before the model
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
     prefix = chat_prefix(args.system) if args.system is not None else args.prefix
     engine.passage_prefix(prefix)  # a layout the engine cannot use is bad usage too

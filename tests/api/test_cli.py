@@ -230,6 +230,7 @@ def bad_usage(tmp_path: Path) -> list[list[str]]:
         ["warm", str(folder), "--remote-url", "http://127.0.0.1:6379"],
         ["warm", str(folder), "--cache-dir", cache, "--remote-namespace", "a b"],
         ["warm", str(folder), "--cache-dir", cache, "--fidelity", "exact"],
+        ["warm", str(folder), "--cache-dir", cache, "--prefix", "\u27e6kvboost:passage\u27e7"],
         ["bench", "--no-such-option"],
         ["bench", "chat", "--repeats", "0"],
         ["bench", "load", "--dtype", "int8"],
