@@ -38,8 +38,10 @@ class KVBoostFields(SamplingFields):
     _ls_model_type: ClassVar[str] = "chat"  # LangSmith's model type: "chat" or "llm"
     _form_options: ClassVar[tuple[str, ...]] = FORM_OPTIONS  # engine options beyond sampling
 
+    # strict, as the sampling fields: pydantic would otherwise read b"cpu" as "cpu".
     model_id: str = Field(
         default=DEFAULT_MODEL,
+        strict=True,
         description="Embedded alias, local folder or HF id to load (no downloads happen "
         "when the weights are local). Taken from the engine when one is given.",
     )
@@ -50,9 +52,13 @@ class KVBoostFields(SamplingFields):
         "one model and one KV cache. Built from the other fields when not given.",
     )
     dtype: str | None = Field(
-        default=None, description="torch dtype to load in ('float32', 'bfloat16'); auto if None."
+        default=None,
+        strict=True,
+        description="torch dtype to load in ('float32', 'bfloat16'); auto if None.",
     )
-    device: str | None = Field(default=None, description="Device to load on; auto if None.")
+    device: str | None = Field(
+        default=None, strict=True, description="Device to load on; auto if None."
+    )
     config: KVBoostConfig | None = Field(
         default=None, exclude=True, description="Engine configuration used when loading."
     )

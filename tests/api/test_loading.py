@@ -112,6 +112,19 @@ def test_langchain_from_model_id_raises_the_loaders_own_errors(tiny_model_dir: s
     assert chat.model_id == tiny_model_dir and chat.invoke("Hi").content is not None
 
 
+def test_langchain_load_fields_are_strict(tiny_model_dir: str, no_loading: None) -> None:
+    """device=b"cpu" was read as "cpu" (found by tests/api/test_fuzz_loading.py)."""
+    from pydantic import ValidationError
+
+    from kvboost_rag.integrations.langchain import ChatKVBoost
+
+    for field in ({"device": b"cpu"}, {"dtype": b"float32"}):
+        with pytest.raises(ValidationError, match="Input should be a valid string"):
+            ChatKVBoost.from_model_id(tiny_model_dir, **field)
+    with pytest.raises(ValidationError, match="Input should be a valid string"):
+        ChatKVBoost(model_id=tiny_model_dir.encode())
+
+
 def test_llamaindex_from_model_id_refuses_before_loading(tiny_model_dir: str, no_loading) -> None:
     from kvboost_rag.integrations.llamaindex import KVBoostLLM
 
