@@ -104,8 +104,8 @@ def _append(segments: list[Segment], kind: Literal["text", "passage"], text: str
 def split_passage(text: str, tokenizer: Any, max_tokens: int) -> list[str]:
     """Split a long passage into pieces of at most ``max_tokens`` tokens: at sentence
     boundaries; a sentence longer than that at word boundaries; a word longer than that
-    between its tokens. Pieces concatenate back to ``text``. Only a piece of one character
-    the tokenizer spells in more than ``max_tokens`` tokens is longer.
+    between its tokens (then characters). Pieces concatenate back to ``text``. Only a piece
+    of one character the tokenizer spells in more than ``max_tokens`` tokens is longer.
     """
     if _count(tokenizer, text) <= max_tokens:
         return [text]
@@ -113,8 +113,9 @@ def split_passage(text: str, tokenizer: Any, max_tokens: int) -> list[str]:
 
 
 def _packed(text: str, tokenizer: Any, max_tokens: int, level: int) -> list[str]:
-    """``text``'s units at ``level`` (sentences, words, tokens) joined greedily into pieces
-    of at most ``max_tokens``; a unit longer than that alone is split at the next level."""
+    """``text``'s units at ``level`` (sentences, words, tokens, characters) joined greedily
+    into pieces of at most ``max_tokens``; a unit longer than that alone is split at the
+    next level."""
     pieces: list[str] = []
     current = ""
     for unit in _UNITS[level](text, tokenizer):
@@ -151,13 +152,19 @@ def _tokens(text: str, tokenizer: Any) -> list[str]:
     return _cut(text, starts)
 
 
+def _characters(text: str, tokenizer: Any = None) -> list[str]:
+    """Where a tokenizer's offsets leave a token's text longer than the limit (byte-level
+    tokens of rare characters can map several characters to too few offsets)."""
+    return list(text)
+
+
 def _cut(text: str, cuts: list[int]) -> list[str]:
     """``text`` cut at the given positions (in any order, repeats and ends ignored)."""
     bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-_UNITS = (_sentences, _words, _tokens)
+_UNITS = (_sentences, _words, _tokens, _characters)
 
 
 def _count(tokenizer: Any, text: str) -> int:
