@@ -192,7 +192,12 @@ class Warmer:
                 'passage_prefix="anchor" encodes every passage after BOS only: drop prefix=, '
                 'or use passage_prefix="prompt" to encode passages after it'
             )
-        return self._prompts.prefix(prefix)
+        head = self._prompts.prefix(prefix)
+        if len(head) >= self._prompts.context_window:
+            raise ContextWindowError(
+                len(head), self._prompts.context_window, "the prefix", "shorten the prefix"
+            )
+        return head
 
     def _passage_reuse_on(self) -> PassageReuse:
         if self._caches.reuse is None:

@@ -257,6 +257,14 @@ def test_a_blank_text_is_refused_by_warm_passages_too(engine: KVBoost, blank: st
     assert engine.stats().cache.entries == 0
 
 
+def test_a_prefix_over_the_context_window_is_refused(engine: KVBoost) -> None:
+    """With no document to measure against, a 600-token head was warmed on a 512-token
+    model now that the head itself is warmed."""
+    with pytest.raises(ContextWindowError, match="the prefix is 600 tokens"):
+        warm_corpus(engine, [], prefix="x" * 600, progress=False)
+    assert engine.stats().cache.entries == 0
+
+
 def test_one_string_is_not_a_corpus(engine: KVBoost) -> None:
     """It was read one character at a time ("documents[4] is only whitespace")."""
     with pytest.raises(TypeError, match="documents is a str, not a collection of documents"):
