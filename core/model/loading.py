@@ -190,7 +190,7 @@ def resolve_model_path(name: str, cache_root: Path | None = None) -> str:
                 f"{name!r} is not a model folder: it has no config.json (a folder written by "
                 "model.save_pretrained() and tokenizer.save_pretrained())"
             )
-        return name
+        return str(folder)  # "~" expanded: transformers would read it as a hub id
     if _HUB_ID.fullmatch(name) and not name.endswith("."):
         _check_reachable(name)
         return name

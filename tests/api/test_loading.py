@@ -68,6 +68,13 @@ def test_a_folder_that_holds_no_model(tmp_path: Path, no_loading: None) -> None:
         KVBoost.from_pretrained(str(tmp_path / "notes.txt" / "x"))
 
 
+def test_a_folder_under_home_is_found(tiny_model_dir: str, monkeypatch) -> None:
+    folder = Path(tiny_model_dir)
+    monkeypatch.setenv("HOME", str(folder.parent))
+    engine = KVBoost.from_pretrained(f"~/{folder.name}", dtype="float32")
+    assert engine.name == f"~/{folder.name}" and engine.model.dtype == torch.float32
+
+
 def test_an_hf_id_offline_and_not_cached(monkeypatch, no_loading) -> None:
     from huggingface_hub import constants
 
