@@ -9,6 +9,7 @@ answer leaves behind is stored off the request path (``Caches.remember``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,8 @@ from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
-    default_device,
+    check_device,
+    check_dtype,
     default_dtype,
     load_model,
     resolve_model_path,
@@ -89,12 +91,22 @@ class KVBoost:
         config: KVBoostConfig | None = None,
         **model_kwargs: Any,
     ) -> KVBoost:
-        """Load an embedded alias (``"smollm2-135m-instruct"``), a local path or an HF id."""
-        dev = torch.device(device) if device is not None else default_device()
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+        """Load an embedded alias (``"smollm2-135m-instruct"``), a local path or an HF id.
+
+        ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
+        hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
+        available). ``config``: how the engine caches (``KVBoostConfig``). Other keyword
+        arguments go to transformers' ``from_pretrained`` (``device_map``,
+        ``attn_implementation``, ...). Every argument is checked before anything loads:
+        ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
+        for the others."""
+        _check_model_kwargs(model_kwargs)
+        if config is not None and not isinstance(config, KVBoostConfig):
+            raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
+        dev = check_device(device)
+        chosen = check_dtype(dtype) or default_dtype(dev)
         path = resolve_model_path(model)
-        hf_model, tokenizer = load_model(path, dtype or default_dtype(dev), dev, **model_kwargs)
+        hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
         engine = cls(hf_model, tokenizer, config)
         engine.name = model
         return engine
@@ -303,6 +315,7 @@ class KVBoost:
         response_format: ResponseFormat | None,
         constrain: bool | None,
     ) -> tuple[SamplingOptions, Structure]:
+        _check_options(options)
         sampling = SamplingOptions.build(**options)
         self._path.check_stops(sampling.stop)
         structure = self.structure(
@@ -337,3 +350,33 @@ class KVBoost:
         request.wait()
         assert request.logits is not None
         return request.logits
+
+
+SAMPLING_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingOptions))
+# What the framework adapters call an option, and the engine's name for it.
+ADAPTER_NAMES = {"max_tokens": "max_new_tokens"}
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """A request's keyword options are sampling options, named as the engine names them."""
+    unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
+    if unknown:
+        hints = [f"{k}= is {ADAPTER_NAMES[k]}= here" for k in unknown if k in ADAPTER_NAMES]
+        raise TypeError(
+            f"unknown option(s) {unknown}; a request takes {list(SAMPLING_OPTIONS)}"
+            + "".join(f" ({hint})" for hint in hints)
+        )
+
+
+def _check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
+    """``from_pretrained``'s extra arguments are transformers': an engine setting among
+    them would reach the model's constructor and fail there, after loading."""
+    settings = sorted(set(model_kwargs) & {f.name for f in dataclasses.fields(KVBoostConfig)})
+    if settings:
+        given = ", ".join(f"{name}={model_kwargs[name]!r}" for name in settings)
+        raise TypeError(
+            f"{', '.join(settings)}: engine settings, not model-loading arguments; pass "
+            f"config=KVBoostConfig({given})"
+        )
+    if "torch_dtype" in model_kwargs:
+        raise TypeError("pass dtype= (torch_dtype is transformers' old name for it)")

@@ -7,6 +7,7 @@ answers streaming meanwhile for longer than one batch."""
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +23,6 @@ from kvboost_rag.core.model.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.reuse.assemble import PassageReuse
 from kvboost_rag.core.reuse.caches import Caches
-from kvboost_rag.core.reuse.passages import Prefix
 
 
 class Warmer:
@@ -43,19 +43,24 @@ class Warmer:
         self._executor = executor
 
     def warm(self, text: str) -> WarmResult:
-        """Prefill ``text`` and cache it as an exact prefix of later prompts."""
+        """Prefill ``text`` and cache it as an exact prefix of later prompts (written
+        through to ``cache_dir`` when set)."""
         start = time.perf_counter()
         tokens = self._prompts.text(text).tokens
+        return WarmResult(1, *self._warm_exact(tokens), time.perf_counter() - start)
+
+    def _warm_exact(self, tokens: list[int]) -> tuple[int, int, int, int, int]:
+        """Cache ``tokens`` as an exact prefix: its units (blocks, the partial last one
+        included), tokens, units cached before, units stored now, and their KV bytes."""
         self._caches.indexer.join()
         match = self._caches.exact.match(tokens)
         kv = self._executor.call(lambda: self._prefill(tokens, match.blocks, match.length))
-        new = (
-            self._caches.exact.insert(tokens, kv, len(tokens)) if match.length < len(tokens) else 0
-        )
+        new = 0
+        if match.length < len(tokens):
+            new = self._caches.exact.insert(tokens, kv, len(tokens), persist=True)
         blocks = -(-len(tokens) // self.config.block_tokens)
         cached = -(-match.length // self.config.block_tokens)
-        size = kv_nbytes(kv)
-        return WarmResult(1, blocks, len(tokens), cached, new, size, time.perf_counter() - start)
+        return blocks, len(tokens), cached, new, kv_nbytes(kv)
 
     def _prefill(self, tokens: list[int], blocks: list[LayerKV], matched: int) -> LayerKV:
         with torch.inference_mode():
@@ -83,17 +88,26 @@ class Warmer:
         passages are encoded after it, as in that prompt. Without it they are encoded after
         BOS only, which any prompt can use through ``prefix_fallback="nearest"`` at lower
         accuracy (``GenerationResult.passages_foreign`` counts such uses).
+        With ``prefix``, the prompts' head (their tokens before the first passage) is also
+        cached as an exact prefix, so the first request reuses it as later ones do.
         ``batch_size`` caps the passages per forward pass (default: by padded tokens).
         ``progress`` is called with the number of pieces done as batches finish. ``names``:
         what errors call each text (default ``texts[i]``). Returns once the KV is on disk
-        too. Raises ``ContextWindowError`` naming the first text with a piece that does not
-        fit the context window after the prefix.
+        too, with the passages' counts: a piece given twice is one unit, counted once (the
+        head's blocks are not counted). Raises ``ValueError`` for a ``batch_size`` that is
+        not a positive int, ``ContextWindowError`` naming the first text with a piece that
+        does not fit the context window after the prefix.
         """
         reuse = self._passage_reuse_on()
+        _check_batch_size(batch_size)
         start = time.perf_counter()
-        conditioning = self._conditioning(reuse, prefix)
-        pieces = self._fitting_pieces(texts, names, len(conditioning.tokens))
-        found = reuse.cache.fetch(
+        head = self._head(prefix)
+        conditioning = reuse.cache.prefix(head)
+        found = self._fitting_pieces(texts, names, len(conditioning.tokens))
+        pieces = list(dict.fromkeys(map(tuple, found)))  # a passage given twice is one entry
+        if head:  # the prompts' own head, so their first request reuses it too
+            self._warm_exact(head)
+        fetched = reuse.cache.fetch(
             conditioning, pieces, batch_size=batch_size, progress=progress, run=self._encode
         )
         self._caches.store.flush()  # warmed means on disk, for every process
@@ -102,9 +116,9 @@ class Warmer:
             documents,
             len(pieces),
             sum(map(len, pieces)),
-            found.hits,
-            found.misses,
-            sum(kv_nbytes(kv) for kv in found.kv),
+            fetched.hits,
+            fetched.encoded,
+            sum(kv_nbytes(kv) for kv in fetched.kv),
             time.perf_counter() - start,
         )
 
@@ -119,7 +133,7 @@ class Warmer:
         self, texts: Sequence[str] | str, names: Sequence[str] | None, prefix_tokens: int
     ) -> list[list[int]]:
         """Every text's pieces, each text tokenized alone so that one that cannot be
-        encoded after ``prefix_tokens`` tokens is named."""
+        encoded after ``prefix_tokens`` tokens, or holds no passage, is named."""
         if isinstance(texts, str):  # a prompt: its marked passages
             groups: list[Sequence[str] | str] = [texts]
             names = names or ["a passage of the prompt"]
@@ -129,22 +143,32 @@ class Warmer:
         assert len(names) == len(groups), "one name per text"
         pieces: list[list[int]] = []
         for group, name in zip(groups, names):
-            try:
-                own = self._prompts.passages(group)
-                longest = max(map(len, own), default=0)
-            except ContextWindowError as error:  # a piece too long even without the prefix
-                own, longest = [], error.prompt_tokens
-            if prefix_tokens + longest >= self._prompts.context_window:
-                raise ContextWindowError(
-                    prefix_tokens + longest,
-                    self._prompts.context_window,
-                    f"{name}: its longest piece ({longest} tokens) after the "
-                    f"{prefix_tokens}-token prefix",
-                    "split it into shorter sentences or paragraphs (a long document is split "
-                    "only between sentences), or warm it after a shorter prefix",
-                )
+            own = self._text_pieces(group, name, prefix_tokens)
+            if not own and not isinstance(group, str):  # a prompt may mark no passage
+                what = "empty" if not group[0] else "only whitespace"
+                raise ValueError(f"{name} is {what}: it holds no passage to warm; leave it out")
             pieces += own
         return pieces
+
+    def _text_pieces(
+        self, group: Sequence[str] | str, name: str, prefix_tokens: int
+    ) -> list[list[int]]:
+        try:
+            own = self._prompts.passages(group)
+            longest = max(map(len, own), default=0)
+        except ContextWindowError as error:  # a piece too long even without the prefix
+            own, longest = [], error.prompt_tokens
+        if prefix_tokens + longest >= self._prompts.context_window:
+            raise ContextWindowError(
+                prefix_tokens + longest,
+                self._prompts.context_window,
+                f"{name}: its longest piece ({longest} tokens) after the "
+                f"{prefix_tokens}-token prefix",
+                "set KVBoostConfig(max_passage_tokens=) below "
+                f"{self._prompts.context_window - prefix_tokens} (long documents are split "
+                "into pieces of at most that many tokens), or warm it after a shorter prefix",
+            )
+        return own
 
     def passage_prefix(self, prefix: str | Sequence[Message] | None) -> list[int]:
         """The tokens passages are encoded after for prompts laid out like ``prefix``.
@@ -155,20 +179,40 @@ class Warmer:
         before it), or None (BOS only). Raises ``ValueError`` for messages that mark no
         passage, or a prefix given with ``passage_prefix="anchor"``.
         """
-        return list(self._conditioning(self._passage_reuse_on(), prefix).tokens)
+        reuse = self._passage_reuse_on()
+        return list(reuse.cache.prefix(self._head(prefix)).tokens)
 
-    def _conditioning(self, reuse: PassageReuse, prefix: str | Sequence[Message] | None) -> Prefix:
+    def _head(self, prefix: str | Sequence[Message] | None) -> list[int]:
+        """The tokens prompts laid out like ``prefix`` have before their first passage;
+        none for None (passages are then encoded after the anchor)."""
         if prefix is None:
-            return reuse.cache.prefix([])
+            return []
         if self.config.passage_prefix == "anchor":
             raise ValueError(
                 'passage_prefix="anchor" encodes every passage after BOS only: drop prefix=, '
                 'or use passage_prefix="prompt" to encode passages after it'
             )
-        return reuse.cache.prefix(self._prompts.prefix(prefix))
+        head = self._prompts.prefix(prefix)
+        if len(head) >= self._prompts.context_window:
+            raise ContextWindowError(
+                len(head), self._prompts.context_window, "the prefix", "shorten the prefix"
+            )
+        return head
 
     def _passage_reuse_on(self) -> PassageReuse:
         if self._caches.reuse is None:
             why = 'fidelity="exact"' if self.config.fidelity == "exact" else self.support.reason
             raise ValueError(f"passage reuse is off ({why}): there are no passages to warm")
         return self._caches.reuse
+
+
+def _check_batch_size(batch_size: object) -> None:
+    if batch_size is not None and (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)
+        or batch_size < 1
+    ):
+        raise ValueError(
+            f"batch_size must be an int >= 1 (passages per forward pass) or None (batches "
+            f"sized by padded tokens), got {batch_size!r}"
+        )

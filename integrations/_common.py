@@ -97,7 +97,7 @@ class SamplingFields(BaseModel):
             k: getattr(self, k) if given.get(k) is None else given[k] for k in SAMPLING_OPTIONS
         }
         sampling = SamplingOptions.build(
-            max_new_tokens=chosen["max_tokens"],
+            max_new_tokens=_max_tokens(chosen["max_tokens"]),
             temperature=chosen["temperature"],
             top_p=chosen["top_p"],
             top_k=chosen["top_k"],
@@ -108,6 +108,15 @@ class SamplingFields(BaseModel):
 
 
 SAMPLING_OPTIONS: tuple[str, ...] = tuple(SamplingFields.model_fields)
+
+
+def _max_tokens(value: Any) -> int:
+    """A call's ``max_tokens`` checked by the engine's rule, refused by the adapters' name
+    for it (the engine's ``max_new_tokens`` is not what the caller passed)."""
+    try:
+        return SamplingOptions(max_new_tokens=value).max_new_tokens
+    except ValueError:
+        raise ValueError(f"max_tokens must be an int >= 1, got {value!r}") from None
 
 
 def result_stats(result: GenerationResult) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""The ``kvboost-rag`` command: ``demo`` (the README's main job), ``bench`` and ``warm``."""
+"""The ``kvboost-rag`` command: ``demo`` (the README's main job), ``bench`` and ``warm``.
+
+Exit status 0 when the command did its job, 2 for bad usage (a wrong option or value, a
+model or folder that is not there: one line on stderr, nothing started), 1 when it ran and
+failed (a write that did not reach the disk or the shared tier). Warnings are one line each.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,34 @@ import argparse
 import importlib
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
+
+from kvboost_rag.arguments import (
+    FAILED,
+    USAGE,
+    ArgumentParser,
+    between,
+    cache_folder,
+    dtype_name,
+    folder,
+    one_line,
+    positive,
+    say,
+)
+
+PROG = "kvboost-rag"
+
+
+class CommandFailed(Exception):
+    """The command ran and could not do its job (exit status 1)."""
+
+
+class BadUsage(Exception):
+    """What the command was given cannot be done, found after parsing (exit status 2)."""
+
 
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
 # `demo` and `warm` never load the benchmark package.
@@ -44,26 +76,40 @@ def warm_folder(args: argparse.Namespace) -> None:
     """Warm every matching text file of a folder into ``--cache-dir`` and / or
     ``--remote-url`` and print the report."""
     from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+    from kvboost_rag.core.prompt.chunker import parse_segments
     from kvboost_rag.warm import chat_prefix
 
     if args.cache_dir is None and args.remote_url is None:
-        raise SystemExit("warm needs --cache-dir, --remote-url or both: where the KV goes")
-    files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
-    if not files:
-        raise SystemExit(f"no files match {args.glob!r} in {args.folder}")
-    texts, skipped = read_texts(files, args.strict)
-    if not texts:
-        raise SystemExit(f"none of the {len(files)} files in {args.folder} can be warmed")
-    config = KVBoostConfig(
+        raise BadUsage("warm needs --cache-dir, --remote-url or both: where the KV goes")
+    config = KVBoostConfig(  # checks the values first: bad usage is found before any work
         cache_dir=args.cache_dir,
         fidelity=args.fidelity,
         remote_url=args.remote_url,
         remote_namespace=args.remote_namespace,
         kv_codec=args.kv_codec,
     )
+    files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
+    if not files:
+        raise BadUsage(f"no files match {args.glob!r} in {args.folder}")
+    if args.cache_dir is not None:
+        try:  # here, before the model loads: the engine would warn and keep KV in memory
+            args.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            message = f"--cache-dir {args.cache_dir} cannot be made: {error.strerror}"
+            raise BadUsage(message) from None
+    for layout in (args.prefix, args.system):
+        if layout is not None:
+            parse_segments(layout)  # a stray passage marker (MarkerError), before the model
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
     prefix = chat_prefix(args.system) if args.system is not None else args.prefix
-    report = warm_corpus(engine, texts, prefix=prefix)
+    engine.passage_prefix(prefix)  # a layout the engine cannot use is bad usage too
+    texts, skipped = read_texts(files, args.strict)
+    if not texts:
+        raise CommandFailed(f"none of the {len(files)} files in {args.folder} can be warmed")
+    try:
+        report = warm_corpus(engine, texts, prefix=prefix)
+    except ValueError as error:  # a file that cannot be a passage: the data, not the usage
+        raise CommandFailed(str(error)) from error
     print(
         f"warmed {report.documents} files into {report.units} passages "
         f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
@@ -71,6 +117,8 @@ def warm_folder(args: argparse.Namespace) -> None:
         + (f"; skipped {skipped} files (warned above)" if skipped else "")
     )
     stats = engine.stats()
+    if args.cache_dir is not None and stats.disk is None:
+        raise CommandFailed(f"nothing was stored in {args.cache_dir}: it cannot hold a cache")
     if stats.disk is not None:
         print(
             f"disk: {stats.disk.bytes / 2**20:.0f} MiB in {stats.disk.entries} files "
@@ -83,12 +131,26 @@ def warm_folder(args: argparse.Namespace) -> None:
             f"({remote.written_bytes / 2**20:.0f} MiB), {remote.skipped} already there or "
             f"skipped, {remote.errors} errors"
         )
+        if remote.errors or not remote.available:
+            raise CommandFailed(
+                f"the shared tier {remote.url} failed ({remote.errors} errors): the corpus is "
+                "not all stored there; rerun once it answers (what is there is kept)"
+            )
 
 
-def read_texts(files: list[Path], strict: bool) -> tuple[list[str], int]:
+@dataclass(frozen=True)
+class FileText:
+    """A file's text as warm_corpus takes a document: its errors name the file."""
+
+    page_content: str
+    metadata: dict[str, str]
+
+
+def read_texts(files: list[Path], strict: bool) -> tuple[list[FileText], int]:
     """The text of each file; a file that is not UTF-8 text or has none is skipped with a
     warning naming it (``strict``: the command stops there with that message)."""
-    texts, skipped = [], 0
+    texts: list[FileText] = []
+    skipped = 0
     for path in files:
         try:
             text = path.read_text(encoding="utf-8")
@@ -98,25 +160,68 @@ def read_texts(files: list[Path], strict: bool) -> tuple[list[str], int]:
         except OSError as error:
             problem = f"it cannot be read ({error.strerror})"
         if problem is None:
-            texts.append(text)
+            texts.append(FileText(text, {"source": str(path)}))
             continue
         if strict:
-            raise SystemExit(f"{path}: {problem}")
+            raise CommandFailed(f"{path}: {problem}")
         warnings.warn(f"skipping {path}: {problem}", stacklevel=2)
         skipped += 1
     return texts, skipped
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvboost-rag", description="kvboost-rag tools")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """Run the command ``argv`` (default ``sys.argv[1:]``); exits with a non-zero status
+    (``SystemExit``) when it was misused (2) or failed (1)."""
+    argv = sys.argv[1:] if argv is None else argv
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning  # one line each, without the source line
+        status = _run(argv)
+    if status:
+        raise SystemExit(status)
+
+
+def _run(argv: list[str]) -> int:
+    if argv[:1] == ["bench"]:  # the workload's own parser reads the rest
+        return _guarded(f"{PROG} bench", lambda: bench(argv[1:]))
+    args = parser().parse_args(argv)
+    return _guarded(f"{PROG} {args.command}", lambda: args.func(args))
+
+
+def _guarded(prog: str, command: Callable[[], None]) -> int:
+    """``command``'s exit status: what it raised on purpose is one line on stderr."""
+    try:
+        command()
+    except (CommandFailed, OSError) as error:
+        say(prog, error)
+        return FAILED
+    except (BadUsage, ValueError, TypeError) as error:  # a model, URL or value refused
+        say(prog, error)
+        return USAGE
+    return 0
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    text = one_line(message).removeprefix(f"{PROG}: ")
+    print(f"{PROG}: warning: {text}", file=file or sys.stderr)
+
+
+def parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description="kvboost-rag tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     p = sub.add_parser("demo", help="chat and RAG on the embedded model, with timings")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
-    p.add_argument("--chunks", type=int, default=96, help="essay chunks to index and warm")
-    p.add_argument("--chunk-tokens", type=int, default=200)
-    p.add_argument("--questions", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
+    p.add_argument("--chunks", type=positive, default=96, help="essay chunks to index and warm")
+    p.add_argument("--chunk-tokens", type=positive, default=200)
+    p.add_argument("--questions", type=between(1, len(_questions())), default=3)
+    p.add_argument("--max-new-tokens", type=positive, default=40)
     p.set_defaults(func=demo)
     # Listed for --help only: main() hands bench's arguments to the workload's own parser,
     # so options and their values pass through whatever they look like.
@@ -126,6 +231,17 @@ def main(argv: list[str] | None = None) -> None:
         "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|warm ...: "
         "one workload",
     )
+    _warm_parser(sub)
+    return parser
+
+
+def _questions() -> list[str]:
+    from kvboost_rag.demo import QUESTIONS
+
+    return QUESTIONS
+
+
+def _warm_parser(sub: Any) -> None:
     w = sub.add_parser(
         "warm",
         help="warm a folder of text files into a cache_dir and / or Redis",
@@ -135,8 +251,10 @@ def main(argv: list[str] | None = None) -> None:
         "prompts will have it (without either, a generic variant that any prompt reuses at "
         "lower quality).",
     )
-    w.add_argument("folder", type=Path)
-    w.add_argument("--cache-dir", help="the disk tier every process of this machine reads")
+    w.add_argument("folder", type=folder)
+    w.add_argument(
+        "--cache-dir", type=cache_folder, help="the disk tier every process of this machine reads"
+    )
     w.add_argument(
         "--remote-url",
         help="the shared tier every machine reads: redis://host:6379/0 (rediss:// for TLS)",
@@ -155,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         help="stop at a file that is empty or not UTF-8 text (default: skip it with a warning)",
     )
     w.add_argument("--model", default="smollm2-135m-instruct")
-    w.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
+    w.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
     w.add_argument("--fidelity", default="balanced", choices=["balanced", "fast"])
     layout = w.add_mutually_exclusive_group()
     layout.add_argument(
@@ -171,12 +289,6 @@ def main(argv: list[str] | None = None) -> None:
         "user message after it (the layout of ChatKVBoost's documents=)",
     )
     w.set_defaults(func=warm_folder)
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        bench(argv[1:])
-        return
-    args = parser.parse_args(argv)
-    args.func(args)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -48,24 +48,38 @@ def warm_corpus(
       template variable before the documents (a question) ends it: the fixed head is
       warmed, and prompts starting with it reuse it through ``prefix_fallback="nearest"``.
 
-    With ``cache_dir`` set the KV is written through to disk. Raises ``TypeError`` for an
-    unknown target, document or prefix, ``ValueError`` for a document that cannot be a
-    passage (empty, only whitespace, not valid Unicode, holding a passage marker) and
-    ``ContextWindowError`` for one with a sentence too long to encode after the prefix:
-    each names the document (index, id, source, start of its text) and the fix.
+    With ``cache_dir`` set the KV is written through to disk. A document given twice is
+    encoded and counted once. Raises ``TypeError`` for an unknown target, one string
+    instead of a list, an unknown document or prefix, ``ValueError`` for a document that
+    cannot be a passage (empty, only whitespace, not valid Unicode, holding a passage
+    marker) and ``ContextWindowError`` for one too long to encode after the prefix: each
+    names the document (index, id, source, start of its text) and the fix.
     """
     engine = KVBoost.of(target)
-    documents = list(documents)
+    documents = document_list(documents)
     texts = [document_text(doc, i) for i, doc in enumerate(documents)]
     names = [document_label(doc, i, text) for i, (doc, text) in enumerate(zip(documents, texts))]
     engine_prefix = resolve_prefix(prefix, target)
     # One call over the whole corpus, so encoding batches group similar lengths globally.
     if not progress:  # no bar at all: even a disabled tqdm starts its monitor thread
         return engine.warm_passages(texts, prefix=engine_prefix, batch_size=batch_size, names=names)
-    with tqdm(unit="passage", desc="encoding") as bar:
+    # tqdm writes the unit right after the count ("0passage"): the space is the unit's.
+    with tqdm(unit=" passages", desc="encoding") as bar:
         return engine.warm_passages(
             texts, prefix=engine_prefix, batch_size=batch_size, progress=bar.update, names=names
         )
+
+
+def document_list(documents: Iterable[Any]) -> list[Any]:
+    """``documents`` as a list; one string (or one document) is refused, not read as a
+    document per character."""
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Iterable):
+        kind = type(documents).__name__
+        raise TypeError(
+            f"documents is a {kind}, not a collection of documents: pass a list of them "
+            "(for one document, [document])"
+        )
+    return list(documents)
 
 
 def chat_prefix(system: str) -> list[dict[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,16 @@ def engine(arch: str, tokenizer: PreTrainedTokenizerFast) -> KVBoost:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder holding the tiny random Llama and its tokenizer, as ``save_pretrained``
+    writes them: what ``KVBoost.from_pretrained(folder)`` loads in well under a second."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_model("llama").save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def embedded() -> KVBoost:
     """The embedded SmolLM2 in fp32 (converted once per machine, then cached)."""
     return KVBoost.from_pretrained("smollm2-135m-instruct", dtype=torch.float32)
@@ -179,6 +190,33 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("default", max_examples=40, deadline=None)
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def raised_in_package(error: BaseException) -> bool:
+    """Whether the frame that raised ``error`` is the package's own code (a re-raise from a
+    stream's worker thread keeps the original frame last)."""
+    import traceback
+
+    import kvboost_rag.core
+    import kvboost_rag.integrations
+
+    package = tuple(
+        str(Path(module.__file__).resolve().parent)  # type: ignore[arg-type]
+        for module in (kvboost_rag, kvboost_rag.core, kvboost_rag.integrations)
+    )
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(package)
+
+
+def assert_clear(error: BaseException) -> None:
+    """A clear error: a ``ValueError`` / ``TypeError`` with a message, raised by the package
+    (the property fuzz tests' verdict on every refusal)."""
+    import traceback
+
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    detail = f"{type(error).__name__} from {where.filename}:{where.lineno}: {error}"
+    assert isinstance(error, (ValueError, TypeError)) and str(error), detail
+    assert raised_in_package(error), detail
 
 
 def run_thorough(path: str, passed: int) -> None:

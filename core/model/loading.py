@@ -11,8 +11,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,18 +93,124 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# The dtypes a model can compute in. Integer and 8-bit types are storage formats: quantized
+# weights load through ``quantization_config``, stored KV through ``KVBoostConfig.kv_codec``.
+COMPUTE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+# Short names people write, and the name the choice goes by.
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def check_dtype(dtype: object) -> torch.dtype | None:
+    """``dtype`` (None, a torch dtype or its name, e.g. "bfloat16") as a torch dtype the
+    model can compute in; ``ValueError`` naming the choices, ``TypeError`` for another type."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, (str, torch.dtype)):
+        raise TypeError(f"dtype must be a str or a torch.dtype, got {type(dtype).__name__}")
+    name = str(dtype).removeprefix("torch.")
+    if name in COMPUTE_DTYPES:
+        return COMPUTE_DTYPES[name]
+    hint = f" (did you mean {_DTYPE_ALIASES[name]!r}?)" if name in _DTYPE_ALIASES else ""
+    if name.startswith(("int", "uint", "float8", "fp8")):
+        hint = (
+            f"; {name} is a storage format, not a compute dtype: load a quantized checkpoint "
+            "(quantization_config=) or store KV compactly with KVBoostConfig(kv_codec=...)"
+        )
+    raise ValueError(
+        f"dtype must be one of {sorted(COMPUTE_DTYPES)} or None (auto), got {dtype!r}{hint}"
+    )
+
+
+def check_device(device: object) -> torch.device:
+    """``device`` (None: CUDA when available, else CPU) as a torch device this machine has;
+    ``ValueError`` for a name torch does not know or a device that is not there."""
+    if device is None:
+        return default_device()
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"device {device!r} is not a torch device: pass 'cpu', 'cuda', 'cuda:1', 'mps' or "
+            "None (auto)"
+        ) from None
+    missing = _missing_device(dev)
+    if missing:
+        raise ValueError(
+            f"device {device!r} is not available: {missing}; pass device='cpu' or None (auto)"
+        )
+    return dev
+
+
+def _missing_device(dev: torch.device) -> str | None:
+    """Why ``dev`` cannot hold a model here; None when it can."""
+    if dev.type == "cpu":
+        return None
+    backend = getattr(torch, dev.type, None) if dev.type in ("cuda", "xpu", "mps") else None
+    if backend is None:
+        return f"models are loaded on cpu, cuda, xpu or mps, not {dev.type}"
+    if not backend.is_available():
+        return f"this torch build ({torch.__version__}) sees no {dev.type} device"
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if dev.index is not None and dev.index >= count:
+        return f"there are {count} {dev.type} device(s), numbered from 0"
+    return None
+
+
+# A Hugging Face model id: "org/name" (letters, digits, "-", "_", "." in each part).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
 def resolve_model_path(name: str, cache_root: Path | None = None) -> str:
-    """An embedded alias becomes the path of its converted checkpoint; anything else is
-    returned as given (an HF id or a local directory)."""
+    """An embedded alias becomes the path of its converted checkpoint; a local model folder
+    or an HF id is returned as given. Raises ``UnknownModelError`` for anything else (a
+    path with no model folder, a folder without ``config.json``, a malformed id), before
+    transformers reads it."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"model must be a str (an alias, a folder or an HF id), got {type(name).__name__}"
+        )
+    if not name.strip():
+        raise UnknownModelError(
+            f"model is empty: pass an embedded alias {sorted(EMBEDDED_MODELS)}, a model "
+            "folder or an HF id"
+        )
     spec = EMBEDDED_MODELS.get(name.lower())
-    if spec is None:
-        if "/" not in name and not Path(name).exists():
+    if spec is not None:
+        return str(_converted_checkpoint(name.lower(), spec, cache_root or default_cache_root()))
+    folder = Path(name).expanduser()
+    if folder.exists():
+        if not (folder / "config.json").is_file():
             raise UnknownModelError(
-                f"unknown model {name!r}: pass an embedded alias {sorted(EMBEDDED_MODELS)}, "
-                "a local model directory, or a Hugging Face id like 'org/name'"
+                f"{name!r} is not a model folder: it has no config.json (a folder written by "
+                "model.save_pretrained() and tokenizer.save_pretrained())"
             )
+        return str(folder)  # "~" expanded: transformers would read it as a hub id
+    if _HUB_ID.fullmatch(name) and not name.endswith("."):
+        _check_reachable(name)
         return name
-    return str(_converted_checkpoint(name.lower(), spec, cache_root or default_cache_root()))
+    raise UnknownModelError(
+        f"unknown model {name!r}: no such folder, and not an embedded alias "
+        f"{sorted(EMBEDDED_MODELS)} nor a Hugging Face id like 'org/name'"
+    )
+
+
+def _check_reachable(model_id: str) -> None:
+    """An HF id transformers can load: in the local hub cache, or the hub may be asked."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(
+        try_to_load_from_cache(model_id, "config.json"), str
+    ):
+        raise UnknownModelError(
+            f"model {model_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+            "set: pass a local model folder or an embedded alias, or download it first"
+        )
 
 
 def _converted_checkpoint(alias: str, spec: EmbeddedModel, cache_root: Path) -> Path:
@@ -190,7 +299,31 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs)
+    with _no_loading_bar():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs)
+        except TypeError as error:  # an argument neither from_pretrained nor the model takes
+            if "unexpected keyword argument" not in str(error):
+                raise
+            raise TypeError(
+                f"model_kwargs {sorted(model_kwargs)} go to transformers' from_pretrained, and "
+                f"one is not a loading option of this model ({error})"
+            ) from None
     if "device_map" not in model_kwargs:
         model.to(device)  # type: ignore[arg-type]
     return model.eval(), tokenizer
+
+
+@contextmanager
+def _no_loading_bar() -> Iterator[None]:
+    """Without transformers' "Loading weights" bar, printed on every load (its switch is
+    process-wide, so it is put back as it was)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

@@ -23,6 +23,7 @@ OPEN = "\u27e6kvboost:passage\u27e7"
 CLOSE = "\u27e6/kvboost:passage\u27e7"
 _MARKER = re.compile(re.escape(OPEN) + "|" + re.escape(CLOSE))
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+_WORD_START = re.compile(r"(?<=\s)(?=\S)")
 _EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.DOTALL)
 
 # What ``format_passages`` puts after each passage, outside its marker: layout, not content.
@@ -101,30 +102,69 @@ def _append(segments: list[Segment], kind: Literal["text", "passage"], text: str
 
 
 def split_passage(text: str, tokenizer: Any, max_tokens: int) -> list[str]:
-    """Split a long passage into pieces of at most ~``max_tokens`` at sentence boundaries.
-
-    Pieces concatenate back to ``text``. A single sentence longer than ``max_tokens`` stays
-    whole rather than being cut mid-sentence.
+    """Split a long passage into pieces of at most ``max_tokens`` tokens: at sentence
+    boundaries; a sentence longer than that at word boundaries; a word longer than that
+    between its tokens (then characters). Pieces concatenate back to ``text``. Only a piece
+    of one character the tokenizer spells in more than ``max_tokens`` tokens is longer.
     """
     if _count(tokenizer, text) <= max_tokens:
         return [text]
+    return _packed(text, tokenizer, max_tokens, 0)
+
+
+def _packed(text: str, tokenizer: Any, max_tokens: int, level: int) -> list[str]:
+    """``text``'s units at ``level`` (sentences, words, tokens, characters) joined greedily
+    into pieces of at most ``max_tokens``; a unit longer than that alone is split at the
+    next level."""
     pieces: list[str] = []
     current = ""
-    for sentence in _sentences(text):
-        if current and _count(tokenizer, current + sentence) > max_tokens:
+    for unit in _UNITS[level](text, tokenizer):
+        if current and _count(tokenizer, current + unit) > max_tokens:
             pieces.append(current)
             current = ""
-        current += sentence
+        if not current and level + 1 < len(_UNITS) and _count(tokenizer, unit) > max_tokens:
+            *done, current = _packed(unit, tokenizer, max_tokens, level + 1)
+            pieces += done
+            continue
+        current += unit
     if current:
         pieces.append(current)
     return pieces
 
 
-def _sentences(text: str) -> list[str]:
+def _sentences(text: str, tokenizer: Any = None) -> list[str]:
     """Sentences with their trailing whitespace, so they join back to ``text``."""
-    cuts = [m.end() for m in _SENTENCE_END.finditer(text)]
-    bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    return _cut(text, [m.end() for m in _SENTENCE_END.finditer(text)])
+
+
+def _words(text: str, tokenizer: Any = None) -> list[str]:
+    """Words with their trailing whitespace."""
+    return _cut(text, [m.start() for m in _WORD_START.finditer(text)])
+
+
+def _tokens(text: str, tokenizer: Any) -> list[str]:
+    """The text of each token (characters where the tokenizer gives no offsets)."""
+    try:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = [start for start, _ in offsets["offset_mapping"]]
+    except (NotImplementedError, KeyError, TypeError, ValueError):  # a slow tokenizer
+        starts = list(range(len(text)))
+    return _cut(text, starts)
+
+
+def _characters(text: str, tokenizer: Any = None) -> list[str]:
+    """Where a tokenizer's offsets leave a token's text longer than the limit (byte-level
+    tokens of rare characters can map several characters to too few offsets)."""
+    return list(text)
+
+
+def _cut(text: str, cuts: list[int]) -> list[str]:
+    """``text`` cut at the given positions (in any order, repeats and ends ignored)."""
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+_UNITS = (_sentences, _words, _tokens, _characters)
 
 
 def _count(tokenizer: Any, text: str) -> int:

@@ -90,6 +90,10 @@ class PromptEncoder:
             raise EmptyPromptError("messages is empty: pass at least one {'role', 'content'} dict")
         for i, message in enumerate(messages):
             _check_message(message, i)
+        if not any(_said(message) for message in messages):
+            raise EmptyPromptError(
+                "every message's content is empty or only whitespace: pass the text to answer"
+            )
         try:
             text = render_chat(self.tokenizer, messages, tools, fmt or self.tool_format())
         except TemplateError as error:
@@ -105,6 +109,9 @@ class PromptEncoder:
 
     def _checked(self, text: str, prefix: list[int]) -> TokenizedPrompt:
         segments = _parse(text)
+        if all(not s.text.strip() for s in segments):  # a model asked to continue nothing
+            what = "empty" if not text else "only whitespace"
+            raise EmptyPromptError(f"prompt is {what}: pass the text to complete")
         prompt = tokenize_segments(segments, self.tokenizer, prefix, self.max_passage_tokens)
         if not prompt.tokens:
             raise EmptyPromptError("prompt has no tokens after tokenization")
@@ -145,6 +152,11 @@ def _check_message(message: Any, i: int) -> None:
         raise ValueError(
             f"messages[{i}]['tool_calls'] must be a list of calls, got {type(calls).__name__}"
         )
+
+
+def _said(message: Message) -> bool:
+    """Whether a checked message carries anything: text beyond whitespace, or tool calls."""
+    return bool((message.get("content") or "").strip() or message.get("tool_calls"))
 
 
 def _parse(text: str) -> list[Segment]:

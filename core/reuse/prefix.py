@@ -91,13 +91,16 @@ class PrefixCache:
         exact_upto: int,
         first: int = 0,
         kv_start: int = 0,
+        persist: bool = False,
     ) -> int:
         """Store every full block of ``tokens[:exact_upto]`` not yet cached, from block
-        ``first`` on, and the partial block after them; returns how many full blocks.
+        ``first`` on, and the partial block after them; returns how many entries it stored
+        (blocks and the partial one).
 
         ``kv`` holds full-attention KV of ``tokens`` for positions [``kv_start``,
         ``exact_upto``), ``kv_start`` at most block ``first``'s start; stored blocks are
-        copies.
+        copies. ``persist``: written to disk now, not only when memory evicts them (what
+        is warmed ahead of time serves later processes too).
         """
         assert kv_start <= first * self.block_tokens
         assert kv[0][0].shape[-2] >= exact_upto - kv_start
@@ -107,7 +110,7 @@ class PrefixCache:
             if key not in self.store:
                 start = i * self.block_tokens
                 block = _copy(kv, start - kv_start, start + self.block_tokens - kv_start)
-                stored += self._put(parent, key, self._block(tokens, i), block)
+                stored += self._put(parent, key, self._block(tokens, i), block, persist)
             parent = key
         start = len(keys) * self.block_tokens
         tail = tuple(tokens[start:exact_upto])
@@ -115,7 +118,7 @@ class PrefixCache:
             # the partial last block, one per distinct tail: a conversation that branched
             # keeps every branch, as a longest-prefix cache over whole prompts does
             piece = _copy(kv, start - kv_start, exact_upto - kv_start)
-            self._put(parent, self._tail_key(parent, tail), tail, piece)
+            stored += self._put(parent, self._tail_key(parent, tail), tail, piece, persist)
         return stored
 
     def cached_blocks(self, tokens: Sequence[int]) -> int:
@@ -184,8 +187,13 @@ class PrefixCache:
                 best, shared = (key, tokens), n
         return None if best is None else (*best, shared)
 
-    def _put(self, parent: bytes, key: bytes, tokens: tuple[int, ...], kv: LayerKV) -> bool:
-        if not self.store.put(key, tokens, kv, approximate=self.approximate, share=self.shared):
+    def _put(
+        self, parent: bytes, key: bytes, tokens: tuple[int, ...], kv: LayerKV, persist: bool
+    ) -> bool:
+        stored = self.store.put(
+            key, tokens, kv, persist, approximate=self.approximate, share=self.shared
+        )
+        if not stored:
             return False  # larger than the whole memory budget: not stored, not indexed
         self._index(parent, key, tokens, kv_nbytes(kv))
         return True

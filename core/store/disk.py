@@ -18,7 +18,9 @@ when the index proves wrong (a file it would evict is already gone).
 Queued writes go through a background ``Writer`` and are drained at interpreter exit (an
 ``atexit`` hook per store, held through a weak reference). A write that fails (disk full,
 read-only folder, folder removed) never fails a request: the KV stays in memory, the first
-failure since the last ``flush()`` is a warning, and ``flush()`` raises it. Entries are
+failure since the last ``flush()`` is a warning, and ``flush()`` raises it. A folder that
+cannot be made at all when the store opens (a file there, no permission) is an
+``OSError`` then: ``open_tiers`` turns the disk tier off with one warning. Entries are
 ``codec`` blobs: an optional lossy codec applies to approximate (passage, session) KV only.
 """
 
@@ -56,7 +58,8 @@ class DiskStats:
 
 
 class DiskStore:
-    """Thread-safe within a process; safe across processes sharing ``root``."""
+    """Thread-safe within a process; safe across processes sharing ``root``. Raises
+    ``OSError`` when the model's folder under ``root`` cannot be made."""
 
     def __init__(
         self,
@@ -246,20 +249,16 @@ class DiskStore:
                 warnings.warn(message, stacklevel=4)
 
     def _make_folder(self) -> None:
-        """Create the folder and remove temp files killed writers left; a folder that
-        cannot be made now (disk full, read-only) is a warning: each write tries again."""
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            now = time.time()
-            for f in self.dir.glob("*/.tmp-*"):
-                if now - _mtime(f) > _STALE_TEMP_SECONDS:
+        """Create the folder (``OSError`` when it cannot be) and remove temp files killed
+        writers left."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        for f in self.dir.glob("*/.tmp-*"):
+            if now - _mtime(f) > _STALE_TEMP_SECONDS:
+                try:
                     f.unlink(missing_ok=True)
-        except OSError as error:
-            warnings.warn(
-                f"kvboost-rag: cache folder {self.dir} is not writable ({error}); "
-                "KV is kept in memory until it is",
-                stacklevel=4,
-            )
+                except OSError:  # a read-only folder: harmless, readers never open temps
+                    pass
 
 
 def _close_at_exit(ref: weakref.ref[DiskStore]) -> None:
@@ -268,8 +267,8 @@ def _close_at_exit(ref: weakref.ref[DiskStore]) -> None:
         return
     try:
         store.close()
-    except OSError as error:
-        warnings.warn(f"{error}; its KV was not cached", stacklevel=1)
+    except OSError as error:  # the process ends: what was kept in memory is gone now
+        warnings.warn(f"{error}; that KV is not on disk", stacklevel=1)
 
 
 def _failed_message(path: Path, error: Exception, more: str = "") -> str:

@@ -5,6 +5,7 @@ machine serves every other. Session KV stays local."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from kvboost_rag.core.config import KVBoostConfig
@@ -99,9 +100,7 @@ def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:
     disk = remote = None
     secret = config.secret()
     if config.cache_dir is not None:
-        disk = DiskStore(
-            config.cache_dir, fingerprint, config.max_disk_bytes, config.kv_codec, secret
-        )
+        disk = _disk(config, fingerprint, secret)
     if config.remote_url is not None:
         remote = RemoteStore(
             config.remote_url,
@@ -112,3 +111,21 @@ def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:
             secret=secret,
         )
     return TieredStore(config.max_cache_bytes, disk, remote)
+
+
+def _disk(config: KVBoostConfig, fingerprint: bytes, secret: bytes | None) -> DiskStore | None:
+    """The disk tier, or None with one warning when ``cache_dir`` cannot hold one (a file,
+    a folder that cannot be made): then every request and warm keeps KV in memory, as
+    without a ``cache_dir``, instead of failing at each read and write."""
+    assert config.cache_dir is not None
+    try:
+        return DiskStore(
+            config.cache_dir, fingerprint, config.max_disk_bytes, config.kv_codec, secret
+        )
+    except OSError as error:
+        warnings.warn(
+            f"kvboost-rag: cache_dir {str(config.cache_dir)!r} cannot hold the cache "
+            f"({error.strerror or error}); the disk tier is off: KV is kept in memory only",
+            stacklevel=4,
+        )
+        return None

@@ -22,6 +22,7 @@ from transformers import LogitsProcessor
 from kvboost_rag.core.tools.formats import (
     CANONICAL_JSON,
     FORMATS,
+    InvalidToolCall,
     Parsed,
     Tool,
     ToolFormat,
@@ -93,9 +94,18 @@ class Structure:
         return self.fmt.grammar(chosen, True, self.parallel)
 
     def parse(self, text: str) -> Parsed:
+        """The answer's content and calls. Under a forced call (``tool_choice`` "required"
+        or a tool's name) an answer holding no call is an invalid call, not content: it
+        was cut before the call's opening tag was whole (at max_tokens), or an
+        unconstrained model wrote text instead."""
         if not self.calls_parsed:
             return Parsed(text, [], [])
-        return self.fmt.parse(text, self.names)
+        parsed = self.fmt.parse(text, self.names)
+        if self.tool_choice == "auto" or parsed.calls or parsed.invalid:
+            return parsed
+        name = self.tool_choice if self.tool_choice in self.names else None
+        why = f"tool_choice={self.tool_choice!r} asks for a call and the answer holds none"
+        return Parsed("", [], [InvalidToolCall(name, text, f"{why}: {text!r}")])
 
     def visible(self, text: str) -> str:
         """What of a growing answer may be streamed as content."""

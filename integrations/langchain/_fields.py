@@ -38,8 +38,10 @@ class KVBoostFields(SamplingFields):
     _ls_model_type: ClassVar[str] = "chat"  # LangSmith's model type: "chat" or "llm"
     _form_options: ClassVar[tuple[str, ...]] = FORM_OPTIONS  # engine options beyond sampling
 
+    # strict, as the sampling fields: pydantic would otherwise read b"cpu" as "cpu".
     model_id: str = Field(
         default=DEFAULT_MODEL,
+        strict=True,
         description="Embedded alias, local folder or HF id to load (no downloads happen "
         "when the weights are local). Taken from the engine when one is given.",
     )
@@ -50,9 +52,13 @@ class KVBoostFields(SamplingFields):
         "one model and one KV cache. Built from the other fields when not given.",
     )
     dtype: str | None = Field(
-        default=None, description="torch dtype to load in ('float32', 'bfloat16'); auto if None."
+        default=None,
+        strict=True,
+        description="torch dtype to load in ('float32', 'bfloat16'); auto if None.",
     )
-    device: str | None = Field(default=None, description="Device to load on; auto if None.")
+    device: str | None = Field(
+        default=None, strict=True, description="Device to load on; auto if None."
+    )
     config: KVBoostConfig | None = Field(
         default=None, exclude=True, description="Engine configuration used when loading."
     )
@@ -65,10 +71,11 @@ class KVBoostFields(SamplingFields):
         default=False, description="Generate through the streaming path (token callbacks)."
     )
 
-    @model_validator(mode="after")
-    def _attach_engine(self) -> KVBoostFields:
-        self.engine_options()  # validates the sampling fields together
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
         if self.engine is None:
+            # Loaded once the fields are valid, outside pydantic's validators, which would
+            # wrap the loader's specific errors (UnknownModelError, ...) in a ValidationError.
             self.engine = load_engine(
                 self.model_id,
                 fidelity=self.fidelity,
@@ -76,7 +83,12 @@ class KVBoostFields(SamplingFields):
                 device=self.device,
                 config=self.config,
             )
-            return self
+
+    @model_validator(mode="after")
+    def _attach_engine(self) -> KVBoostFields:
+        self.engine_options()  # validates the sampling fields together
+        if self.engine is None:
+            return self  # loaded by __init__
         given = [name for name in LOAD_FIELDS if name in self.model_fields_set]
         if given:
             raise ValueError(

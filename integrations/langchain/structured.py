@@ -87,10 +87,11 @@ class _WholeCall:
         invalid = getattr(message, "invalid_tool_calls", None)
         if invalid and not getattr(message, "tool_calls", None):
             errors = "; ".join(str(call.get("error") or call.get("args")) for call in invalid)
+            if getattr(message, "response_metadata", {}).get("finish_reason") == "length":
+                why = f"the answer reached max_tokens before its tool call was whole ({errors}); "
+                raise OutputParserException(why + "raise max_tokens", llm_output=str(invalid))
             raise OutputParserException(
-                f"the model's tool call could not be read ({errors}); if it was cut at "
-                "max_tokens, raise max_tokens",
-                llm_output=str(invalid),
+                f"the model's tool call could not be read ({errors})", llm_output=str(invalid)
             )
         return super().parse_result(result, partial=partial)  # type: ignore[misc]
 

@@ -85,10 +85,12 @@ class _JoinedText(list):  # type: ignore[type-arg]
 
 def _template_tokens(llm: KVBoostLLM) -> int:
     """Tokens a chat template adds around the messages LlamaIndex counts (its default
-    system prompt included), kept free so packed chunks fit the model."""
+    system prompt included), kept free so packed chunks fit the model. Measured around a
+    one-character message (a blank one is no prompt the engine takes): at most a token
+    more than the template alone, which only keeps that much more room free."""
     if not llm.metadata.is_chat_model:
         return 0
-    return len(llm.engine.tokenize_chat([{"role": "user", "content": ""}]))
+    return len(llm.engine.tokenize_chat([{"role": "user", "content": "x"}]))
 
 
 class _Unit(NamedTuple):

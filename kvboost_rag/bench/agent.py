@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench import agent_loop
 from kvboost_rag.bench.systems import machine
 from kvboost_rag.core.config import KVBoostConfig
@@ -31,15 +32,17 @@ FRAMEWORKS = {"langchain": agent_loop.run_langchain, "llamaindex": agent_loop.ru
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kvboost-rag bench agent", description=__doc__)
+    parser = ArgumentParser(prog="kvboost-rag bench agent", description=__doc__)
     parser.add_argument("--out", type=Path, default=None, help="folder for agent.json/.txt")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--dtype", default="float32", type=dtype_name, choices=["float32", "bfloat16"]
+    )
     parser.add_argument("--fidelity", default="balanced", choices=["balanced", "fast", "exact"])
     parser.add_argument("--tag", default="", help="suffix of the output files' names")
-    parser.add_argument("--chunks", type=int, default=60, help="essay chunks in the index")
-    parser.add_argument("--chunk-tokens", type=int, default=160)
-    parser.add_argument("--k", type=int, default=3, help="passages per search")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--chunks", type=positive, default=60, help="essay chunks in the index")
+    parser.add_argument("--chunk-tokens", type=positive, default=160)
+    parser.add_argument("--k", type=positive, default=3, help="passages per search")
+    parser.add_argument("--max-tokens", type=positive, default=96)
     parser.add_argument(
         "--frameworks", nargs="+", default=list(FRAMEWORKS), choices=list(FRAMEWORKS)
     )

@@ -9,7 +9,6 @@ both see the same machine state. Medians over repeats are reported.
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.metrics import median
 
@@ -105,11 +105,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="kvboost-rag bench chat", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
+    )
+    parser.add_argument("--repeats", type=positive, default=3)
+    parser.add_argument("--max-new-tokens", type=positive, default=32)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     args = parser.parse_args(argv)
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)

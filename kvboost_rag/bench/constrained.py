@@ -19,7 +19,6 @@ it, and what each library costs per token, side by side in one run.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench import constrained_report as report
 from kvboost_rag.bench.constrained_tasks import (
     JSON_TASKS,
@@ -202,12 +202,14 @@ def chat_once(engine: KVBoost, task: Task, constrain: bool, max_new: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(
+        prog="kvboost-rag bench constrained", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
-    parser.add_argument("--repeats", type=int, default=5, help="library runs per target")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--limit", type=int, default=None, help="first N tasks of each set")
+    parser.add_argument("--dtype", default="float32", type=dtype_name, help="float32 or bfloat16")
+    parser.add_argument("--repeats", type=positive, default=5, help="library runs per target")
+    parser.add_argument("--max-new-tokens", type=positive, default=64)
+    parser.add_argument("--limit", type=positive, default=None, help="first N tasks of each set")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     args = parser.parse_args(argv)
     start, load = time.perf_counter(), report.load_average()

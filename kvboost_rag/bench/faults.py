@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import GenerationResult, KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench.corpus import FactPassage, fact_passages, passages
 from kvboost_rag.bench.fault_server import RedisProcess
 from kvboost_rag.bench.fault_watch import Watch, close, row, watching
@@ -168,12 +169,14 @@ def run_all(lab: Lab, cases: list[tuple[str, Callable[[Lab, Watch], None]]]) -> 
 def main(argv: list[str] | None = None) -> None:
     from kvboost_rag.bench import fault_cases, fault_report, fault_values
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(
+        prog="kvboost-rag bench faults", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="10 passages, 3 prompts")
-    parser.add_argument("--passages", type=int, default=None, help="default 24 (quick 10)")
-    parser.add_argument("--queries", type=int, default=None, help="default 8 (quick 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--passages", type=positive, default=None, help="default 24 (quick 10)")
+    parser.add_argument("--queries", type=positive, default=None, help="default 8 (quick 3)")
+    parser.add_argument("--threads", type=positive, default=None, help="torch threads")
     parser.add_argument("--writer", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     count = args.passages or (10 if args.quick else 24)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench import front_tasks as tasks
 from kvboost_rag.bench import systems
 from kvboost_rag.bench.baseline import write_report
@@ -227,7 +228,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="kvboost-rag bench front",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -236,8 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--systems", choices=sorted(SYSTEM_SETS), default="front")
     parser.add_argument("--quick", action="store_true", help="one query per cell, fewer cells")
-    parser.add_argument("--queries", type=int, help="main-table queries per task")
-    parser.add_argument("--matrix-queries", type=int, help="queries per other cell")
+    parser.add_argument("--queries", type=positive, help="main-table queries per task")
+    parser.add_argument("--matrix-queries", type=positive, help="queries per other cell")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench.baseline import write_report
 from kvboost_rag.rag_setup import (
     answer_stats,
@@ -175,14 +176,16 @@ def _sources(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(
+        prog="python -m kvboost_rag.bench.langchain_rag", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default=None)
-    parser.add_argument("--chunks", type=int, default=60)
-    parser.add_argument("--chunk-tokens", type=int, default=200)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--chunks", type=positive, default=60)
+    parser.add_argument("--chunk-tokens", type=positive, default=200)
+    parser.add_argument("--k", type=positive, default=4)
+    parser.add_argument("--pairs", type=positive, default=3)
+    parser.add_argument("--max-tokens", type=positive, default=16)
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     parser.add_argument("--show", type=Path, help="print the table of a saved JSON and exit")
     args = parser.parse_args(argv)

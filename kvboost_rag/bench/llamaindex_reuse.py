@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, warm_corpus
+from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.corpus import passages
 from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, parse_segments
@@ -225,13 +226,15 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="python -m kvboost_rag.bench.llamaindex_reuse", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--passages", type=int, default=4, help="nodes in the index")
-    parser.add_argument("--tokens", type=int, default=160, help="most tokens per essay piece")
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="TTFT samples per mode")
+    parser.add_argument("--passages", type=positive, default=4, help="nodes in the index")
+    parser.add_argument("--tokens", type=positive, default=160, help="most tokens per essay piece")
+    parser.add_argument("--new-tokens", type=positive, default=16)
+    parser.add_argument("--repeats", type=positive, default=3, help="TTFT samples per mode")
     parser.add_argument("--out", default="docs/bench")
     parser.add_argument("--show", type=Path, help="print the table of a saved JSON and exit")
     args = parser.parse_args(argv)

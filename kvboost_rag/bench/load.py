@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.baseline import write_report
 from kvboost_rag.bench.corpus import passages
 from kvboost_rag.bench.langchain_rag import QUESTION_PREFIX
@@ -174,18 +175,22 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(
+        prog="kvboost-rag bench load", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    parser.add_argument(
+        "--dtype", default="float32", type=dtype_name, help="float32 (default) or bfloat16"
+    )
     parser.add_argument("--fidelity", default="balanced", choices=["fast", "balanced"])
     parser.add_argument("--levels", default="1,2,4,8,16", help="concurrent requests")
-    parser.add_argument("--rounds", type=int, default=1, help="rounds per level")
-    parser.add_argument("--k", type=int, default=3, help="passages per request")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--passages", type=int, default=48, help="corpus size")
-    parser.add_argument("--chunk-tokens", type=int, default=200, help="tokens per passage")
+    parser.add_argument("--rounds", type=positive, default=1, help="rounds per level")
+    parser.add_argument("--k", type=positive, default=3, help="passages per request")
+    parser.add_argument("--max-new-tokens", type=positive, default=48)
+    parser.add_argument("--passages", type=positive, default=48, help="corpus size")
+    parser.add_argument("--chunk-tokens", type=positive, default=200, help="tokens per passage")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="default: all cores")
+    parser.add_argument("--threads", type=positive, default=None, help="default: all cores")
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     args = parser.parse_args(argv)

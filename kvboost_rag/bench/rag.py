@@ -11,7 +11,6 @@ follows. Every system answers the same token sequence, interleaved query by quer
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench import systems
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.cold import cold_start
@@ -190,10 +190,14 @@ def print_table(title: str, size: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(
+        prog="kvboost-rag bench rag", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
-    parser.add_argument("--queries", type=int, default=12)
+    parser.add_argument(
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
+    )
+    parser.add_argument("--queries", type=positive, default=12)
     parser.add_argument("--systems", choices=sorted(SYSTEMS), default="levels")
     parser.add_argument("--sizes", default="7,14", help="passages per prompt (~1k, ~2k tokens)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))

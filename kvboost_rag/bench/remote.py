@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench import remote_codecs
 from kvboost_rag.bench.baseline import write_report
 from kvboost_rag.bench.corpus import fact_passages, passages, warm_prefix
@@ -108,21 +109,25 @@ def warm_rates(
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(
+        prog="kvboost-rag bench remote", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
+    parser.add_argument(
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
+    )
     parser.add_argument("--fidelity", default="balanced", choices=["fast", "balanced"])
     parser.add_argument(
-        "--units", type=int, default=168, help="essay units warmed (>= 7 x queries)"
+        "--units", type=positive, default=168, help="essay units warmed (>= 7 x queries)"
     )
-    parser.add_argument("--queries", type=int, default=24, help="prompts served by B and C")
-    parser.add_argument("--codec-queries", type=int, default=12, help="prompts per codec")
-    parser.add_argument("--pool", type=int, default=40, help="fact passages (codec workload)")
+    parser.add_argument("--queries", type=positive, default=24, help="prompts served by B and C")
+    parser.add_argument("--codec-queries", type=positive, default=12, help="prompts per codec")
+    parser.add_argument("--pool", type=positive, default=40, help="fact passages (codec workload)")
     parser.add_argument("--codecs", default="none,int8,fp8")
-    parser.add_argument("--rounds", type=int, default=2, help="warms per configuration")
+    parser.add_argument("--rounds", type=positive, default=2, help="warms per configuration")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+        "--threads", type=positive, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument("--remote-url", default=None, help="default: a private redis-server")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))

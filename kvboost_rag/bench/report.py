@@ -6,10 +6,11 @@ python -m kvboost_rag.bench.report --readme README.md docs/bench/bench.json
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from kvboost_rag.arguments import ArgumentParser
 
 
 def rag_tables(report: dict[str, Any]) -> str:
@@ -212,7 +213,9 @@ def update_readme(readme: Path, bench_json: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(
+        prog="python -m kvboost_rag.bench.report", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("json", nargs="+", type=Path, help="benchmark JSON files")
     parser.add_argument("--readme", type=Path, help="rewrite this README's bench section")
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.arguments import ArgumentParser, dtype_name
 from kvboost_rag.bench import chat as chat_bench
 from kvboost_rag.bench import rag, systems
 from kvboost_rag.bench.baseline import full_prefill, write_report
@@ -121,13 +122,15 @@ def run(base: KVBoost, plan: Plan, with_peer: bool, seed: int) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="kvboost-rag bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: auto)")
+    parser.add_argument(
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
+    )
     parser.add_argument("--quick", action="store_true", help="a small run (minutes)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--seed", type=int, default=0)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
+from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench import rag
 from kvboost_rag.bench.baseline import full_prefill, write_report
 from kvboost_rag.bench.corpus import FactPassage, passages
@@ -80,12 +81,14 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(
+        prog="kvboost-rag bench warm", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--cache-dir", default=None, help="default: a new temporary folder")
     parser.add_argument("--fidelity", default="fast", choices=["fast", "balanced"])
-    parser.add_argument("--queries", type=int, default=8)
+    parser.add_argument("--queries", type=positive, default=8)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

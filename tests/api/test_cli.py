@@ -41,10 +41,25 @@ def test_demo_answers_through_both_frameworks_with_timings(
     assert passages == ["passages hit 4 (0 foreign), missed 0"] * 2
 
 
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``kvboost-rag argv``, in this process: its exit status, stdout and stderr."""
+    try:
+        main(argv)
+        status = 0
+    except SystemExit as exit:
+        status = exit.code if isinstance(exit.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if ": error: " in line]
+
+
 def test_unknown_subcommand_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["serve"])
-    assert "invalid choice" in capsys.readouterr().err
+    status, _, err = run(["serve"], capsys)
+    assert status == 2 and "invalid choice" in err
+    assert err.count("\n") == 1  # one line, not argparse's usage text and the message
 
 
 def test_demo_and_cli_do_not_import_the_benchmarks() -> None:
@@ -99,11 +114,9 @@ def test_warm_folder_for_a_prompt_layout(
 
 
 def test_warm_takes_one_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(
-            ["warm", str(tmp_path), "--cache-dir", str(tmp_path), "--prefix", "a", "--system", "b"]
-        )
-    assert "not allowed with argument" in capsys.readouterr().err
+    argv = ["warm", str(tmp_path), "--cache-dir", str(tmp_path), "--prefix", "a", "--system", "b"]
+    status, _, err = run(argv, capsys)
+    assert status == 2 and "not allowed with argument" in err
 
 
 def test_warm_folder_into_redis_only(
@@ -124,26 +137,126 @@ def test_warm_folder_into_redis_only(
     assert (result.passages_hit, result.passages_missed) == (3, 0)
 
 
-def test_warm_needs_a_destination(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="--cache-dir, --remote-url or both"):
-        main(["warm", str(tmp_path)])
+def test_warm_needs_a_destination(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["warm", str(tmp_path)], capsys)
+    assert status == 2
+    assert err == (
+        "kvboost-rag warm: error: warm needs --cache-dir, --remote-url or both: where the KV goes\n"
+    )
+
+
+def notes_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i, note in enumerate(NOTES):
+        (folder / f"{i}.txt").write_text(note + "\n")
+    return folder
 
 
 def test_warm_skips_empty_and_non_utf8_files_with_a_warning_naming_each(
     tmp_path: Path, tiny_engines: list[KVBoost], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for i, note in enumerate(NOTES):
-        (folder / f"{i}.txt").write_text(note + "\n")
+    folder = notes_folder(tmp_path)
     (folder / "empty.txt").write_text("  \n")
     (folder / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me".encode("latin-1"))
-    with pytest.warns(UserWarning) as caught:
-        main(["warm", str(folder), "--cache-dir", str(tmp_path / "cache")])
-    messages = sorted(str(w.message) for w in caught)
-    assert any("empty.txt: it is empty" in m for m in messages)
-    assert any("latin1.txt: it is not UTF-8 text (byte 3" in m for m in messages)
-    out = capsys.readouterr().out
+    status, out, err = run(["warm", str(folder), "--cache-dir", str(tmp_path / "cache")], capsys)
+    assert status == 0
+    warned = [line for line in err.splitlines() if line.startswith("kvboost-rag: warning: ")]
+    assert any(line.endswith("empty.txt: it is empty") for line in warned), err
+    assert any("latin1.txt: it is not UTF-8 text (byte 3" in line for line in warned), err
+    # One line each: not Python's "file:line: UserWarning:" and the source line after it.
+    assert "UserWarning" not in err and "warnings.warn(" not in err
     assert "warmed 3 files into 3 passages" in out and "skipped 2 files" in out
-    with pytest.raises(SystemExit, match="empty.txt: it is empty"):
-        main(["warm", str(folder), "--cache-dir", str(tmp_path / "cache"), "--strict"])
+    strict = ["warm", str(folder), "--cache-dir", str(tmp_path / "cache"), "--strict"]
+    status, _, err = run(strict, capsys)
+    assert status == 1 and error_lines(err) == [
+        f"kvboost-rag warm: error: {folder / 'empty.txt'}: it is empty"
+    ]
+
+
+# -- exit status and one line on stderr (issue 28, items 2, 7, 8) -------------------------
+
+
+def test_warm_fails_when_the_shared_tier_stores_nothing(
+    tmp_path: Path, tiny_engines: list[KVBoost], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = notes_folder(tmp_path)
+    argv = ["warm", str(folder), "--remote-url", "redis://127.0.0.1:1"]  # nothing listens
+    status, out, err = run(argv, capsys)
+    assert "0 values written" in out and "1 errors" in out  # the report still says what it did
+    assert status == 1
+    (line,) = error_lines(err)
+    assert line.startswith("kvboost-rag warm: error: the shared tier redis://127.0.0.1:1 failed")
+
+
+def test_warm_fails_when_a_disk_write_fails(
+    tmp_path: Path,
+    tiny_engines: list[KVBoost],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvboost_rag.core.store import disk
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(disk, "_atomic_write", full)
+    folder = notes_folder(tmp_path)
+    status, _, err = run(["warm", str(folder), "--cache-dir", str(tmp_path / "cache")], capsys)
+    assert status == 1
+    (line,) = error_lines(err)
+    assert "could not write" in line and "No space left on device" in line
+
+
+def bad_usage(tmp_path: Path) -> list[list[str]]:
+    """Command lines a new user gets wrong, each to be refused before any work."""
+    folder = notes_folder(tmp_path)
+    a_file = folder / "0.txt"
+    cache = str(tmp_path / "cache")
+    return [
+        ["warm", str(folder), "--cache-dir", str(a_file)],
+        ["warm", str(folder), "--cache-dir", str(a_file / "below")],
+        ["warm", str(folder), "--cache-dir", "/proc/no-such-process/cache"],  # cannot be made
+        ["demo", "--chunks", "0"],
+        ["demo", "--max-new-tokens", "0"],
+        ["demo", "--questions", "99"],
+        ["demo", "--chunk-tokens", "many"],
+        ["warm", str(folder), "--cache-dir", cache, "--dtype", "float16x"],
+        ["demo", "--dtype", "fp32"],
+        ["warm", str(tmp_path / "no" / "such" / "folder"), "--cache-dir", cache],
+        ["warm", str(a_file), "--cache-dir", cache],
+        ["warm", str(folder), "--cache-dir", cache, "--model", "/no/such/model"],
+        ["warm", str(folder), "--cache-dir", cache, "--glob", "*.md"],
+        ["warm", str(folder), "--remote-url", "http://127.0.0.1:6379"],
+        ["warm", str(folder), "--cache-dir", cache, "--remote-namespace", "a b"],
+        ["warm", str(folder), "--cache-dir", cache, "--fidelity", "exact"],
+        ["warm", str(folder), "--cache-dir", cache, "--prefix", "\u27e6kvboost:passage\u27e7"],
+        ["bench", "--no-such-option"],
+        ["bench", "chat", "--repeats", "0"],
+        ["bench", "load", "--dtype", "int8"],
+    ]
+
+
+def test_bad_usage_is_one_line_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded for a command line that is wrong")
+
+    monkeypatch.setattr("kvboost_rag.core.engine.load_model", no_loading)
+    for argv in bad_usage(tmp_path):
+        status, out, err = run(argv, capsys)
+        assert (status, out) == (2, ""), (argv, status, out, err)
+        assert err.count("\n") == 1 and ": error: " in err, (argv, err)
+
+
+def test_misleading_messages_name_what_was_passed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, err = run(["warm", str(tmp_path / "missing"), "--cache-dir", str(tmp_path)], capsys)
+    assert f"no such folder: {tmp_path / 'missing'}" in err and "*.txt" not in err
+    (tmp_path / "a.txt").write_text("x")
+    _, _, err = run(["warm", str(tmp_path / "a.txt"), "--cache-dir", str(tmp_path)], capsys)
+    assert "a.txt is a file, not a folder" in err
+    _, _, err = run(["demo", "--chunks", "0"], capsys)
+    assert "argument --chunks: must be at least 1, got 0" in err

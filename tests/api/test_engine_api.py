@@ -12,6 +12,7 @@ from kvboost_rag import (
     KVBoost,
     KVBoostConfig,
     UnknownModelError,
+    passage,
 )
 from kvboost_rag.core.prompt.prompts import ChatTemplateError
 
@@ -114,6 +115,43 @@ def test_empty_prompt_and_messages(llama: KVBoost) -> None:
         llama.chat([{"text": "hi"}])
     with pytest.raises(TypeError, match="prompt must be a str"):
         llama.generate(["hi"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("blank", [" ", "   \n\t ", "\u3000\u00a0"])
+def test_whitespace_only_prompts_are_empty_prompts(llama: KVBoost, blank: str) -> None:
+    """generate("   \n\t ") answered from 3 tokens while "" was refused."""
+    calls = [
+        lambda: llama.generate(blank),
+        lambda: list(llama.stream(blank)),
+        lambda: llama.warm(blank),
+        lambda: llama.generate(blank, passages=[blank, ""]),
+        lambda: llama.generate(passage(blank) + blank),
+        lambda: llama.chat([{"role": "user", "content": blank}]),
+        lambda: list(
+            llama.stream_chat(
+                [{"role": "system", "content": ""}, {"role": "user", "content": blank}]
+            )
+        ),
+        lambda: llama.first_token_logits(blank),
+    ]
+    for call in calls:
+        with pytest.raises(EmptyPromptError, match="empty|only whitespace"):
+            call()
+    assert llama.stats().requests == 0
+    # Whitespace around real text, or beside a passage, is a prompt.
+    assert llama.generate(blank, passages=["Alpha."], max_new_tokens=1).completion_tokens == 1
+    assert (
+        llama.chat([{"role": "user", "content": blank + "hi"}], max_new_tokens=1).text is not None
+    )
+
+
+def test_an_adapter_option_name_is_named_with_the_engines(llama: KVBoost) -> None:
+    """generate(q, max_tokens=8) raised "SamplingOptions.__init__() got an unexpected
+    keyword argument": a class the caller never met."""
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['max_tokens'\]") as caught:
+        llama.generate(PROMPT, max_tokens=8)
+    assert "(max_tokens= is max_new_tokens= here)" in str(caught.value)
+    assert "SamplingOptions" not in str(caught.value)
 
 
 def test_prompt_over_the_context_window_names_both_lengths(llama: KVBoost) -> None:

@@ -9,51 +9,28 @@ tokens on a tiny random Llama."""
 from __future__ import annotations
 
 import operator
+import re
 import signal
 import string
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model, make_tokenizer, run_thorough
+from conftest import assert_clear, make_model, make_tokenizer, run_thorough
 from hypothesis import event, given
 from hypothesis import strategies as st
 from langchain_core.documents import Document
 from llama_index.core.schema import TextNode
 
-import kvboost_rag
-import kvboost_rag.core
-import kvboost_rag.integrations
-from kvboost_rag import GenerationResult, KVBoost, KVBoostConfig, passage
+from kvboost_rag import EmptyPromptError, GenerationResult, KVBoost, KVBoostConfig, passage
 
 # -- the property -------------------------------------------------------------------------
 
-PACKAGE = tuple(
-    str(Path(module.__file__).resolve().parent)
-    for module in (kvboost_rag, kvboost_rag.core, kvboost_rag.integrations)
-)
 FINISH = {"stop", "length", "tool_calls"}
 MAX_NEW = 4  # the most tokens a valid call here decodes
-
-
-def raised_in_package(error: BaseException) -> bool:
-    """Whether the frame that raised ``error`` is the package's own code (a re-raise from a
-    stream's worker thread keeps the original frame last)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(PACKAGE)
-
-
-def assert_clear(error: BaseException) -> None:
-    """A clear error: a ``ValueError`` / ``TypeError`` with a message, raised by the package."""
-    where = traceback.extract_tb(error.__traceback__)[-1]
-    detail = f"{type(error).__name__} from {where.filename}:{where.lineno}: {error}"
-    assert isinstance(error, (ValueError, TypeError)) and str(error), detail
-    assert raised_in_package(error), detail
 
 
 class Hang(Exception):
@@ -511,6 +488,90 @@ def li_answer(method, request, sampled, stream):
     return response
 
 
+# -- whitespace everywhere, and the splitters ---------------------------------------------
+
+# Whitespace of every kind Python's str.strip() removes: ASCII, no-break, ideographic, line
+# and paragraph separators.
+BLANK = st.text(st.sampled_from(" \t\n\r\x0b\x0c\u00a0\u2003\u3000\u2028\u2029"), max_size=8)
+
+
+def blank_routes(engine, lc_llm, lc_chat, li_llm, blank: str) -> dict[str, Callable[[], Any]]:
+    """Every way a prompt or a document reaches the engine, given only ``blank``."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from kvboost_rag import warm_corpus
+
+    user = [{"role": "user", "content": blank}]
+    return {
+        "generate": lambda: engine.generate(blank, max_new_tokens=1),
+        "stream": lambda: list(engine.stream(blank, max_new_tokens=1)),
+        "passages": lambda: engine.generate(blank, passages=[blank], max_new_tokens=1),
+        "marked": lambda: engine.generate(passage(blank) + blank, max_new_tokens=1),
+        "warm": lambda: engine.warm(blank),
+        "chat": lambda: engine.chat([{"role": "system", "content": blank}, *user]),
+        "stream_chat": lambda: list(engine.stream_chat(user, max_new_tokens=1)),
+        "logits": lambda: engine.first_token_logits(blank),
+        "tokenize": lambda: engine.tokenize(blank),
+        "lc_llm": lambda: lc_llm.invoke(blank),
+        "lc_chat": lambda: lc_chat.invoke(blank),
+        "lc_messages": lambda: lc_chat.invoke([SystemMessage(blank), HumanMessage(blank)]),
+        "lc_stream": lambda: list(lc_chat.stream(blank)),
+        "li_complete": lambda: li_llm.complete(blank),
+        "li_stream": lambda: list(li_llm.stream_complete(blank)),
+        "li_chat": lambda: li_llm.chat([ChatMessage(role="user", content=blank)]),
+        "warm_corpus": lambda: warm_corpus(engine, [blank], progress=False),
+        "warm_passages": lambda: engine.warm_passages(["Fine text.", blank]),
+    }
+
+
+DOCUMENT_ROUTES = {"warm_corpus", "warm_passages"}  # a ValueError naming the document
+
+
+@given(blank=BLANK, route=st.sampled_from(sorted(blank_routes(*[None] * 4, ""))))
+def test_whitespace_only_input_is_refused_everywhere(
+    engine, lc_llm, lc_chat, li_llm, blank: str, route: str
+) -> None:
+    call = blank_routes(engine, lc_llm, lc_chat, li_llm, blank)[route]
+    with deadline():
+        try:
+            call()
+        except Exception as error:  # the property inspects every error
+            assert_clear(error)
+            expected = ValueError if route in DOCUMENT_ROUTES else EmptyPromptError
+            assert isinstance(error, expected), f"{route}: {type(error).__name__}: {error}"
+            return
+    raise AssertionError(f"{route} accepted {blank!r}")
+
+
+# Text of the test tokenizer's alphabet, often without a sentence end or a space.
+NO_BOUNDARY = st.text(string.ascii_letters + string.digits + "-_/", min_size=1, max_size=300)
+NO_SENTENCE = st.lists(NO_BOUNDARY, min_size=1, max_size=30).map(" ".join)
+SPLIT_TEXT = NO_BOUNDARY | NO_SENTENCE | st.text(ALPHABET, max_size=400)
+
+
+@given(text=SPLIT_TEXT, size=st.integers(1, 64), which=st.sampled_from(["langchain", "llamaindex"]))
+def test_splitters_keep_their_size_on_any_text(engine, text: str, size: int, which: str) -> None:
+    """Every chunk fits the size asked for (the tiny tokenizer: one token per character),
+    and the chunks are the text, cut at the best boundary there is."""
+    if which == "langchain":
+        from kvboost_rag.integrations.langchain import KVBoostTextSplitter
+
+        chunks = KVBoostTextSplitter(engine, chunk_size=size, strip_whitespace=False).split_text(
+            text
+        )
+    else:
+        from kvboost_rag.integrations.llamaindex import KVBoostNodeParser
+
+        chunks = KVBoostNodeParser.from_engine(engine, max_passage_tokens=size).split_text(text)
+    counts = [len(engine.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks]
+    assert all(0 < n <= size for n in counts), (size, counts)
+    # Nothing but whitespace-only pieces left out, nothing repeated, in order.
+    assert re.sub(r"\s", "", "".join(chunks)) == re.sub(r"\s", "", text)
+    if max(map(len, text.split()), default=0) <= size:  # then no word is cut
+        assert [word for chunk in chunks for word in chunk.split()] == text.split()
+
+
 # -- what the fuzzing found on the request path, past SamplingOptions' checks --------------
 
 
@@ -523,4 +584,4 @@ def test_stop_string_the_tokenizer_cannot_spell(engine) -> None:
 
 @pytest.mark.slow
 def test_every_property_holds_over_2000_examples() -> None:
-    run_thorough(__file__, 7)
+    run_thorough(__file__, 9)

@@ -102,6 +102,10 @@ def test_cli_warm_folder_then_again_from_disk(
     assert "0 new, 2 already cached" in capsys.readouterr().out
 
 
-def test_cli_warm_without_matching_files_says_so(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="no files match"):
+def test_cli_warm_without_matching_files_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
         main(["warm", str(tmp_path), "--cache-dir", str(tmp_path / "c")])
+    assert exit.value.code == 2  # bad usage: a folder with nothing to warm
+    assert "no files match '*.txt'" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from langchain_core.messages import FunctionMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import ValidationError
 
-from kvboost_rag import KVBoost, KVBoostConfig, MarkerError, passage
+from kvboost_rag import EmptyPromptError, KVBoost, KVBoostConfig, MarkerError, passage
 from kvboost_rag.integrations.langchain import (
     ChatKVBoost,
     KVBoostLLM,
@@ -260,6 +260,41 @@ def test_splitter_chunks_are_whole_kv_units(engine: KVBoost, tokenizer) -> None:
         KVBoostTextSplitter(tokenizer)
 
 
+@pytest.mark.parametrize(
+    "empty", ["", "   \n\t ", [HumanMessage("  ")], [SystemMessage(" "), HumanMessage("\n")]]
+)
+def test_whitespace_only_input_is_an_empty_prompt(
+    chat: ChatKVBoost, llm: KVBoostLLM, empty: Any
+) -> None:
+    """invoke("") answered: the chat template alone is not a prompt."""
+    with pytest.raises(EmptyPromptError):
+        chat.invoke(empty)
+    with pytest.raises(EmptyPromptError):
+        list(chat.stream(empty))
+    if isinstance(empty, str):
+        with pytest.raises(EmptyPromptError):
+            llm.invoke(empty)
+
+
+def test_a_bad_max_tokens_is_named_as_it_was_passed(chat: ChatKVBoost, llm: KVBoostLLM) -> None:
+    """invoke(..., max_tokens=0) said "max_new_tokens must be ...", a name the caller never
+    used."""
+    for model in (chat, llm):
+        for bad in (0, -3, True, 2.5):
+            with pytest.raises(ValueError, match=rf"^max_tokens must be an int >= 1, got {bad!r}$"):
+                model.invoke(QUESTION, max_tokens=bad)
+
+
+@pytest.mark.parametrize("text", ["word " * 2000, "z" * 3000])
+def test_splitter_keeps_chunk_size_without_sentence_ends(engine: KVBoost, text: str) -> None:
+    chunks = KVBoostTextSplitter(engine, chunk_size=32).split_text(text)
+    assert len(chunks) > 60  # was one chunk of the whole text
+    assert (
+        max(len(engine.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks) <= 32
+    )
+    assert "".join(chunks).replace(" ", "") == text.replace(" ", "")  # only edges stripped
+
+
 def test_token_counts_and_tracing_params(chat: ChatKVBoost, llm: KVBoostLLM, tokenizer) -> None:
     text = "Hello there"
     expected = len(tokenizer(text, add_special_tokens=False).input_ids)
@@ -297,7 +332,7 @@ def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostLLM, engine: KV
         chat.invoke(QUESTION, documents="abc")  # was three one-letter passages
     with pytest.raises(ValueError, match="stop must be a str"):
         llm.invoke(QUESTION, stop=5)  # was "'int' object is not iterable" in _get_ls_params
-    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got True"):
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1, got True"):
         chat.invoke(QUESTION, max_tokens=True)  # was 1 token
     bad_fields = ({"max_tokens": True}, {"top_k": True}, {"temperature": float("inf")})
     for field in (*bad_fields, {"seed": 2**64}):

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import make_model
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.exceptions import OutputParserException
@@ -247,6 +248,23 @@ def test_streamed_calls_sum_to_the_invoked_ones(chat: ChatKVBoost) -> None:
     assert call_signature(asyncio.run(astream())) == call_signature(invoked)
 
 
+def test_structured_output_cut_at_any_max_tokens_is_reported(tokenizer) -> None:
+    """max_tokens=4 returned None silently (the answer '<tool_call' held no call), while
+    6-24 raised "raise max_tokens": every budget too small for the call now says so."""
+    model = make_model("llama")
+    model.config.max_position_embeddings = 2048  # the tools' instructions: ~900 characters
+    engine = KVBoost(model, tokenizer)
+    for max_tokens in (1, 4, 10, 11, 12, 20):  # the tiny tokenizer spells "<tool_call>" in 11
+        chat = ChatKVBoost(engine=engine, max_tokens=max_tokens)
+        with pytest.raises(OutputParserException, match="reached max_tokens .* raise max_tokens"):
+            chat.with_structured_output(Person).invoke(PERSON_PROMPT)
+        out = chat.with_structured_output(Person, include_raw=True).invoke(PERSON_PROMPT)
+        assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
+        raw = out["raw"]
+        assert raw.tool_calls == [] and len(raw.invalid_tool_calls) == 1
+        assert raw.content == "" and raw.response_metadata["finish_reason"] == "length"
+
+
 @pytest.mark.embedded
 def test_a_call_cut_at_max_tokens_stays_invalid_when_streamed(chat: ChatKVBoost) -> None:
     tools = chat.bind_tools([add], tool_choice="add", max_tokens=12)
@@ -258,8 +276,9 @@ def test_a_call_cut_at_max_tokens_stays_invalid_when_streamed(chat: ChatKVBoost)
     assert streamed.tool_calls == [] and len(streamed.invalid_tool_calls) == 1
     raw = invoked.invalid_tool_calls[0]["args"]
     assert json.loads(streamed.invalid_tool_calls[0]["args"]) == raw
-    with pytest.raises(OutputParserException, match="raise max_tokens"):
-        with_budget(chat, 12).with_structured_output(Person).invoke(PERSON_PROMPT)
+    for budget in (4, 12):  # 4 stopped inside "<tool_call" and returned None
+        with pytest.raises(OutputParserException, match="raise max_tokens"):
+            with_budget(chat, budget).with_structured_output(Person).invoke(PERSON_PROMPT)
 
 
 @pytest.mark.embedded

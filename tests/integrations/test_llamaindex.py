@@ -133,6 +133,23 @@ def test_engine_errors_propagate(llm: KVBoostLLM) -> None:
         list(llm.stream_chat([ChatMessage(role="user", content=CLOSE)]))
 
 
+def test_whitespace_prompts_are_empty_prompts(llm: KVBoostLLM) -> None:
+    """complete("   ") answered from 3 tokens of whitespace."""
+    for empty in ("   ", "\n\t "):
+        with pytest.raises(EmptyPromptError):
+            llm.complete(empty)
+        with pytest.raises(EmptyPromptError):
+            list(llm.stream_complete(empty))
+        with pytest.raises(EmptyPromptError):
+            llm.chat([ChatMessage(role="user", content=empty)])
+
+
+def test_a_bad_max_tokens_is_named_as_it_was_passed(llm: KVBoostLLM) -> None:
+    """It was reported as the engine's max_new_tokens."""
+    with pytest.raises(ValueError, match=r"^max_tokens must be an int >= 1, got 0$"):
+        llm.complete("The tower", max_tokens=0)
+
+
 def test_instrumentation_sees_every_call(llm: KVBoostLLM) -> None:
     seen: list[dict] = []
 
@@ -197,6 +214,17 @@ def test_node_parser_cuts_whole_sentences_that_each_fit(engine: KVBoost, tokeniz
         ids = tokenizer(piece.strip(), add_special_tokens=False)["input_ids"]
         assert len(ids) <= 80
     assert KVBoostNodeParser.from_engine(engine).max_passage_tokens == 512
+
+
+def test_node_parser_keeps_max_passage_tokens_without_sentence_ends(engine: KVBoost) -> None:
+    """The README says every node fits max_passage_tokens: one without sentence ends was a
+    single 2,001-token node."""
+    parser = KVBoostNodeParser.from_engine(engine, max_passage_tokens=40)
+    for text in ["word " * 2000, "z" * 3000]:
+        nodes = parser.get_nodes_from_documents([Document(text=text)])
+        sizes = [len(engine.tokenizer(n.get_content())["input_ids"]) for n in nodes]
+        assert len(nodes) > 50 and max(sizes) <= 40
+        assert "".join(parser.split_text(text)) == text
 
 
 def test_node_parser_in_an_ingestion_pipeline(engine: KVBoost) -> None:

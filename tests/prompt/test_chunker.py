@@ -70,6 +70,33 @@ def test_long_passages_split_at_sentences_and_rejoin(tokenizer) -> None:
     assert len(out.passages) == len(pieces)
 
 
+def count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize(
+    "text, whole_words",
+    [
+        ("word " * 300, True),  # no sentence end: cut between words
+        ("Short one. " + "wordy " * 80 + "end. Then more.", True),
+        ("x" * 700, False),  # no space either: cut between tokens
+        ("start " + "y" * 100 + " finish", False),  # one word longer than the limit
+    ],
+)
+def test_text_without_sentence_ends_splits_at_words_then_tokens(
+    tokenizer, text: str, whole_words: bool
+) -> None:
+    """A text without sentence ends was one piece of any length (a 2,000-token chunk
+    from a splitter asked for 32)."""
+    pieces = split_passage(text, tokenizer, max_tokens=32)
+    assert len(pieces) > 1 and "".join(pieces) == text
+    assert max(count(tokenizer, p) for p in pieces) <= 32
+    if whole_words:
+        assert all(p[-1].isspace() or p[-1] == "." for p in pieces[:-1])
+    out = tokenize_segments([Segment("passage", text)], tokenizer, [], 32)
+    assert all(e - s <= 32 for s, e in out.passages)
+
+
 def test_whitespace_at_a_passage_edge_is_layout() -> None:
     prompt = "Docs:" + passage("\n  Alpha.  \n") + "\n\n" + passage("Beta.") + " Q?"
     assert parse_segments(prompt) == [

@@ -6,7 +6,7 @@ which runs this file again under HYPOTHESIS_PROFILE=thorough."""
 
 import pytest
 from conftest import run_thorough
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from kvboost_rag.core.errors import KVBoostError
@@ -76,6 +76,33 @@ def test_split_pieces_join_back_to_the_passage(tokenizer, text: str, max_tokens:
     assert all(pieces) or pieces == [""]
 
 
+# Text without a sentence end, or without whitespace either (one long "word"), of any
+# script: emoji, CJK, combining marks, controls.
+NO_END = st.characters(exclude_categories=("Cs",), exclude_characters=".!?")
+WORDLESS = st.text(NO_END.filter(lambda c: not c.isspace()), min_size=1, max_size=400)
+SENTENCELESS = st.lists(WORDLESS, min_size=1, max_size=40).map(" ".join)
+
+
+@given(st.one_of(WORDLESS, SENTENCELESS, TEXT), st.integers(4, 64))
+@example("\U00040000" * 4, 4)  # 12 byte tokens whose offsets cover 3 characters: cut apart
+def test_every_split_piece_fits_whatever_boundaries_the_text_has(
+    tokenizer, text: str, max_tokens: int
+) -> None:
+    """Text without sentence ends was one piece of any length; without spaces too."""
+    pieces = split_passage(text, tokenizer, max_tokens)
+    assert "".join(pieces) == text
+    for piece in pieces:
+        # Only one character the tokenizer spells in more tokens than the limit is longer.
+        assert count(tokenizer, piece) <= max_tokens or len(piece) == 1, (piece, max_tokens)
+    spaced = all(c == " " or not c.isspace() for c in text) and not set(text) & set(".!?")
+    if spaced and all(count(tokenizer, w + " ") <= max_tokens for w in text.split(" ")):
+        assert all(p.endswith(" ") for p in pieces[:-1])  # cut between words, not inside
+
+
+def count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 @given(st.lists(TEXT, min_size=1, max_size=6), TEXT)
 def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, question) -> None:
     from kvboost_rag.core.prompt.prompts import PromptEncoder
@@ -97,4 +124,4 @@ def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, que
 
 @pytest.mark.slow
 def test_every_property_holds_over_2000_examples() -> None:
-    run_thorough(__file__, 5)
+    run_thorough(__file__, 6)

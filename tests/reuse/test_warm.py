@@ -72,7 +72,8 @@ def test_bad_targets_and_documents(engine: KVBoost) -> None:
         warm_corpus(engine, ["ok", 3])
     with pytest.raises(ValueError, match=r"documents\[0\] is empty: leave it out"):
         warm_corpus(engine, [""])
-    with pytest.raises(ContextWindowError, match=r"documents\[0\] \('xxx.*is 601 tokens"):
+    # Split into pieces of max_passage_tokens (512), which with BOS do not fit the window.
+    with pytest.raises(ContextWindowError, match=r"documents\[0\] \('xxx.*is 513 tokens"):
         warm_corpus(engine, ["x" * 600], progress=False)
 
 
@@ -109,8 +110,8 @@ REJECTED = [
     (
         "Short. " + "y" * 600,
         ContextWindowError,
-        r"documents\[2\] \('Short. yyy.*\.\.\.'\): its longest piece \(600 tokens\) after "
-        r"the 1-token prefix is 601 tokens .* split it into shorter sentences",
+        r"documents\[2\] \('Short. yyy.*\.\.\.'\): its longest piece \(512 tokens\) after "
+        r"the 1-token prefix is 513 tokens .* set KVBoostConfig\(max_passage_tokens=\) below 511",
     ),
 ]
 
@@ -141,7 +142,7 @@ def test_too_long_after_the_prefix_names_the_document(engine: KVBoost) -> None:
 
 
 def test_warm_passages_names_a_text_by_its_index(engine: KVBoost) -> None:
-    with pytest.raises(ContextWindowError, match=r"texts\[1\]: its longest piece \(600 tokens"):
+    with pytest.raises(ContextWindowError, match=r"texts\[1\]: its longest piece \(512 tokens"):
         engine.warm_passages(["fine", "x" * 600])
 
 
@@ -185,6 +186,95 @@ def test_a_chat_prefix_is_reused_exactly_and_none_is_foreign(engine: KVBoost) ->
     engine.clear_cache()
     warm_corpus(engine, DOCS[:2], prefix=chat_prefix("Be brief."), progress=False)
     assert reuse(engine.chat(messages, max_new_tokens=2)) == (2, 0, 0)
+
+
+def passage_tokens(engine: KVBoost, docs: list[str]) -> int:
+    return sum(map(len, engine._prompts.passages(docs)))
+
+
+HEAD = "Answer from these notes, and say which one you used.\n"
+
+
+def ask(engine: KVBoost, layout: str, question: str):  # type: ignore[no-untyped-def]
+    passages = format_passages(DOCS[2::-1])
+    if layout == "prompt":
+        return engine.generate(HEAD + passages + question, max_new_tokens=1)
+    messages = [
+        {"role": "system", "content": HEAD},
+        {"role": "user", "content": passages + question},
+    ]
+    return engine.chat(messages, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("layout", ["prompt", "chat"])
+def test_the_first_request_after_warming_a_prefix_reuses_its_head(tokenizer, layout: str) -> None:
+    """warm_corpus(prefix=) warmed the passages but not the head before them: the first
+    request recomputed it (36 of 124 tokens reused, 90 from the second on)."""
+    engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(fidelity="fast"))
+    prefix = HEAD if layout == "prompt" else chat_prefix(HEAD)
+    warm_corpus(engine, DOCS[:3], prefix=prefix, progress=False)
+    first = ask(engine, layout, "Which item?")
+    second = ask(engine, layout, "Which costs 6?")
+    assert reuse(first) == (3, 0, 0)
+    head_tokens = len(engine.passage_prefix(prefix))
+    assert first.reused_tokens >= head_tokens + passage_tokens(engine, DOCS[:3])
+    assert first.reused_tokens == second.reused_tokens
+
+
+def test_warm_reports_count_what_the_cache_holds(tokenizer) -> None:
+    """Duplicates were counted once per copy: new=5 and 576,000 bytes for a cache that
+    held 2 entries of 230,400 bytes."""
+    engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(block_tokens=8))
+    docs = ["The sky is blue."] * 4 + ["Grass is green."]
+    report = warm_corpus(engine, docs, progress=False)
+    held = engine.stats().cache
+    assert (report.documents, report.units, report.new, report.cached) == (5, 2, 2, 0)
+    assert (held.entries, held.bytes) == (report.units, report.bytes)
+    assert report.tokens == passage_tokens(engine, docs[3:])
+    again = warm_corpus(engine, docs, progress=False)
+    assert (again.units, again.new, again.cached, again.bytes) == (2, 0, 2, report.bytes)
+    # A prefix: 21 tokens in blocks of 8 are 2 full blocks and a tail, all 3 stored.
+    text = engine.warm("x" * 20)
+    assert (text.units, text.new, text.cached) == (3, 3, 0)
+    assert engine.stats().cache.entries == 2 + 3
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True, "2"])
+def test_batch_size_must_be_a_positive_int(engine: KVBoost, batch_size: object) -> None:
+    with pytest.raises(ValueError, match=r"batch_size must be an int >= 1 .* got"):
+        warm_corpus(engine, DOCS, batch_size=batch_size, progress=False)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        engine.warm_passages(DOCS, batch_size=batch_size)  # type: ignore[arg-type]
+    assert engine.stats().cache.entries == 0
+
+
+@pytest.mark.parametrize("blank", ["", "  \n\t"])
+def test_a_blank_text_is_refused_by_warm_passages_too(engine: KVBoost, blank: str) -> None:
+    """warm_corpus refused it; engine.warm_passages warmed nothing and said nothing (found
+    by the whitespace property in tests/api/test_fuzz_api.py)."""
+    with pytest.raises(ValueError, match=r"texts\[1\] is (empty|only whitespace): it holds no"):
+        engine.warm_passages(["Fine text.", blank])
+    assert engine.stats().cache.entries == 0
+
+
+def test_a_prefix_over_the_context_window_is_refused(engine: KVBoost) -> None:
+    """With no document to measure against, a 600-token head was warmed on a 512-token
+    model now that the head itself is warmed."""
+    with pytest.raises(ContextWindowError, match="the prefix is 600 tokens"):
+        warm_corpus(engine, [], prefix="x" * 600, progress=False)
+    assert engine.stats().cache.entries == 0
+
+
+def test_one_string_is_not_a_corpus(engine: KVBoost) -> None:
+    """It was read one character at a time ("documents[4] is only whitespace")."""
+    with pytest.raises(TypeError, match="documents is a str, not a collection of documents"):
+        warm_corpus(engine, "The sky is blue.")
+
+
+def test_the_progress_bar_counts_passages(engine: KVBoost, capsys) -> None:
+    warm_corpus(engine, DOCS[:2])
+    err = capsys.readouterr().err
+    assert "encoding: 2 passages" in err and "0passage" not in err
 
 
 def test_unknown_prefixes_get_specific_errors(engine: KVBoost) -> None:

@@ -417,3 +417,31 @@ def test_another_chat_template_uses_only_what_its_own_tokens_match(tmp_path: Pat
     assert served.fingerprint == first.fingerprint
     assert served.chat(messages, max_new_tokens=4).token_ids == own.token_ids
     assert served.stats().disk.hits == 0
+
+
+# -- a cache_dir that cannot hold a cache ---------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_unusable_cache_dir_is_said_once_and_kept_in_memory(tmp_path: Path, where: str) -> None:
+    """The engine warned "kept in memory until it is", every request warned again per file,
+    warm_corpus raised OSError and the exit said the KV "was not cached"."""
+    from kvboost_rag import warm_corpus
+
+    a_file = tmp_path / "cache"
+    a_file.write_text("not a folder")
+    cache_dir = a_file if where == "a file" else a_file / "kv"
+    in_memory = engine(None, fidelity="fast")  # what no cache_dir does
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        served = engine(cache_dir, fidelity="fast")
+        assert answers(served) == answers(in_memory)
+        report = warm_corpus(served, DOCS, progress=False)  # memory only, as said
+        assert answers(served) == answers(in_memory)
+        served.flush()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert f"cache_dir '{cache_dir}' cannot hold the cache (Not a directory)" in messages[0]
+    assert "the disk tier is off: KV is kept in memory only" in messages[0]
+    assert served.stats().disk is None and report.units == len(DOCS)
+    assert a_file.read_text() == "not a folder"

@@ -237,6 +237,22 @@ def test_structure_grammar_follows_the_choice() -> None:
     assert Structure((ADD,), "none").parse("<tool_call>{}</tool_call>").calls == []
 
 
+@pytest.mark.parametrize("text", ["", "<", "<tool_c", "<tool_call", "Sure, here it is"])
+@pytest.mark.parametrize("choice", ["required", "add"])
+def test_a_forced_call_the_answer_does_not_hold_is_an_invalid_call(choice: str, text: str) -> None:
+    """An answer cut before its opening tag was whole (max_tokens=4 gave '<tool_call') was
+    plain content with no call, and LangChain's parser returned None for it."""
+    parsed = Structure((ADD, SEARCH), choice).parse(text)
+    assert (parsed.content, parsed.calls) == ("", [])
+    (invalid,) = parsed.invalid
+    assert (
+        invalid.arguments == text and "asks for a call and the answer holds none" in invalid.error
+    )
+    assert invalid.name == (None if choice == "required" else "add")
+    auto = Structure((ADD, SEARCH)).parse(text)  # "auto" may answer in text
+    assert (auto.content, auto.invalid) == (text, [])
+
+
 def test_json_schema_and_strictness() -> None:
     assert json_schema({"type": "json_object"}) == {"type": "object"}
     schema = {"type": "object", "properties": {"p": {"type": "object", "properties": {}}}}

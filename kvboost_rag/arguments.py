@@ -1,0 +1,99 @@
+"""Command-line parsing shared by ``kvboost-rag`` and its benchmark workloads: bad usage is
+one line on stderr and exit status 2 (argparse's own status), and values are checked as they
+are parsed, so a command never starts work it cannot finish with what it was given."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from kvboost_rag.core.model.loading import check_dtype
+
+USAGE = 2  # exit status of a command line that is wrong (argparse's)
+FAILED = 1  # exit status of a command that ran and could not do its job
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line: ``prog: error: message (see prog
+    --help)`` instead of the usage text and the message."""
+
+    def error(self, message: str) -> NoReturn:
+        say(self.prog, f"{message} (see {self.prog} --help)")
+        raise SystemExit(USAGE)
+
+
+def say(prog: str, message: object) -> None:
+    """One line on stderr: ``prog: error: message``, newlines in the message folded."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+
+
+def one_line(message: object) -> str:
+    return re.sub(r"\s*\n\s*", " ", str(message)).strip()
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+def between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in [``low``, ``high``]."""
+    above = at_least(low)
+
+    def parse(text: str) -> int:
+        value = above(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+
+    parse.__name__ = f"int in [{low}, {high}]"
+    return parse
+
+
+positive = at_least(1)
+
+
+def dtype_name(text: str) -> str:
+    """An argparse type: a dtype the engine loads models in ("float32", "bfloat16", ...)."""
+    try:
+        check_dtype(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def folder(text: str) -> Path:
+    """An argparse type: a folder that exists."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such folder: {text}")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path
+
+
+def cache_folder(text: str) -> Path:
+    """An argparse type: a folder to keep a cache in (made when missing), not a file."""
+    path = Path(text)
+    for above in [path, *path.parents]:
+        if above.exists():
+            if not above.is_dir():
+                what = "is a file" if above == path else f"is under {above}, a file"
+                raise argparse.ArgumentTypeError(f"{text} {what}: pass a folder")
+            break
+    return path
