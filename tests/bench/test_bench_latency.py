@@ -30,7 +30,7 @@ def test_latency_report_holds_every_system_and_its_ratios(tmp_path) -> None:
     assert cells == {(c, n) for c in ("warm", "cold") for n in lengths}
     for row in report["rows"]:
         assert sorted(row["runs"]) == sorted(systems)
-        for name, r in row["runs"].items():
+        for r in row["runs"].values():
             assert 0 < r["ttft_ms"] <= r["ttlt_ms"]
             assert len(r["token_ids"]) == row["length"]  # min_new_tokens held every system
             assert 0 <= r["reused"] < r["prompt"]
