@@ -113,11 +113,11 @@ class RemoteStore:
         if not keys:
             return []
         names = [self.name(key) for key in keys]
-        answers = self._link.pipeline(lambda p: [p.get(n) for n in names], len(names), True)
+        answers = self._link.pipeline("get", names, bounded=True)
         damaged: list[bytes] = []
         entries = {key: self._decode(key, data, damaged) for key, data in zip(keys, answers)}
         if damaged:  # dropped, so the KV recomputed here replaces them
-            self._link.pipeline(lambda p: [p.delete(n) for n in damaged], len(damaged))
+            self._link.pipeline("delete", damaged)
         out = [_matching(entries[key], tokens) for key, tokens in items]
         found = sum(entry is not None for entry in out)
         with self._lock:
@@ -136,7 +136,7 @@ class RemoteStore:
         if not ask:
             return queued
         names = [self.name(key) for key in ask]
-        answers = self._link.pipeline(lambda p: [p.exists(n) for n in names], len(names), True)
+        answers = self._link.pipeline("exists", names, bounded=True)
         found = {key: bool(answer) for key, answer in zip(ask, answers)}
         return [q or found[key] for key, q in zip(keys, queued)]
 
@@ -194,13 +194,11 @@ class RemoteStore:
 
     def _send(self, items: list[_Write]) -> None:
         """Write the values not stored yet: one EXISTS pipeline, then SET pipelines."""
-        if not self._link.writable():
-            self._count("skipped", len(items))  # unavailable, or refusing writes
-            return
         names = [self.name(item[0]) for item in items]
-        present = self._link.pipeline(lambda p: [p.exists(n) for n in names], len(names))
+        present = self._link.pipeline("exists", names, write=True)
         absent = [(item, n) for item, n, there in zip(items, names, present) if there == 0]
-        self._count("skipped", len(items) - len(absent))  # failed, or another writer was first
+        # Skipped: another writer was first, or the node is unavailable or refusing writes.
+        self._count("skipped", len(items) - len(absent))
         values = [(name, self._encoded(item)) for item, name in absent]
         fitting = [(name, data) for name, data in values if data is not None]
         self._count("skipped", len(values) - len(fitting))
@@ -221,11 +219,8 @@ class RemoteStore:
         return data
 
     def _set(self, batch: list[tuple[bytes, bytes]]) -> None:
-        if not self._link.writable():  # an earlier batch was refused
-            self._count("skipped", len(batch))
-            return
-        queue = lambda p: [p.set(n, data) for n, data in batch]  # noqa: E731
-        answers = self._link.pipeline(queue, len(batch), write=True)
+        names, values = [name for name, _ in batch], [data for _, data in batch]
+        answers = self._link.pipeline("set", names, values, write=True)
         written = [len(data) for (_, data), ok in zip(batch, answers) if ok]
         with self._lock:
             self._counts["writes"] += len(written)
