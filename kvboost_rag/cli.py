@@ -14,6 +14,7 @@ BENCHES = {
     "agent": "agent",
     "all": "suite",
     "chat": "chat",
+    "cluster": "cluster",
     "constrained": "constrained",
     "faults": "faults",
     "front": "front",

@@ -13,8 +13,8 @@ Keys shard by hash slot (no hash tags: each entry is one independent key, so a c
 spreads over every master).
 
 Every flight of commands the client sends is counted (``RoundTrips``): one command, or one
-pipeline's batch to one node (a cluster pipeline writes every node's batch before reading
-any). Connection handshakes and the cluster client's layout queries count too.
+pipeline's batch to one node. The cluster client's layout queries count too; a new
+connection's own setup (HELLO, AUTH, CLIENT SETINFO) is counted apart, as a connection.
 """
 
 from __future__ import annotations
@@ -34,20 +34,28 @@ class ClusterURL(NamedTuple):
 
 
 class RoundTrips:
-    """A thread-safe count of command flights."""
+    """Thread-safe counts of command flights and of connections opened."""
 
     def __init__(self) -> None:
-        self._count = 0
+        self._flights = self._connections = 0
         self._lock = threading.Lock()
 
-    def add(self) -> None:
+    def add(self, connection: bool = False) -> None:
         with self._lock:
-            self._count += 1
+            if connection:
+                self._connections += 1
+            else:
+                self._flights += 1
 
     @property
     def count(self) -> int:
         with self._lock:
-            return self._count
+            return self._flights
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return self._connections
 
 
 def import_redis() -> Any:
@@ -144,11 +152,23 @@ def open_client(url: str, timeout: float, round_trips: RoundTrips) -> Any:
 
 def _counted(base: type, round_trips: RoundTrips) -> type:
     """``base`` counting each flight it sends (every write goes through
-    ``send_packed_command``: a single command, or a pipeline's packed batch)."""
+    ``send_packed_command``: a single command, or a pipeline's packed batch) and each
+    connection it opens (whose setup flights are its own, not the caller's)."""
 
     class Counted(base):  # type: ignore[misc, valid-type]
+        _setting_up = False
+
+        def on_connect_check_health(self, check_health: bool = True) -> None:
+            round_trips.add(connection=True)
+            self._setting_up = True
+            try:
+                super().on_connect_check_health(check_health)
+            finally:
+                self._setting_up = False
+
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            round_trips.add()
+            if not self._setting_up:
+                round_trips.add()
             super().send_packed_command(command, check_health)
 
     return Counted

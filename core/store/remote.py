@@ -68,6 +68,7 @@ class RemoteStats:
     skipped: int  # writes not sent: already present, too large, or server unavailable
     errors: int  # calls that failed (connection, timeout, or an error the server answered)
     round_trips: int  # command flights sent, counted at the client (a batch: one per node)
+    connections: int  # connections opened (their setup flights are not in round_trips)
 
 
 class RemoteStore:
@@ -166,6 +167,7 @@ class RemoteStore:
             **counts,
             errors=self._link.errors,
             round_trips=self._link.round_trips.count,
+            connections=self._link.round_trips.connections,
         )
 
     def _decode(self, key: bytes, data: bytes | None, damaged: list[bytes]) -> Entry | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvboost_rag.bench.fault_server import RedisProcess
+from kvboost_rag.bench.fault_server import DelayedLink, RedisProcess
 from kvboost_rag.core.store.remote import import_redis
 
 WAIT_SECONDS = 30.0  # the most a cluster may take to form, fail over or settle
@@ -55,6 +55,7 @@ class ClusterProcess:
             options += ["--cluster-node-timeout", str(NODE_TIMEOUT_MS), *args]
             self.nodes.append(RedisProcess(node_dir, *options))
             self.nodes[-1].port = ports[i]
+        self._links: list[DelayedLink] = []
 
     @property
     def url(self) -> str:
@@ -78,6 +79,27 @@ class ClusterProcess:
     def stop(self) -> None:
         for node in self.nodes:
             node.kill()
+        for link in self._links:
+            link.close()
+
+    def behind_links(self, delay: float) -> str:
+        """Put every node behind a ``DelayedLink`` (``delay`` seconds each way) and make
+        the cluster announce the links' ports, so a client's every flight crosses one;
+        returns the URL of the links."""
+        self._links = [DelayedLink(node.port, delay) for node in self.nodes]
+        for node, link in zip(self.nodes, self._links):
+            self.client(node).config_set("cluster-announce-port", link.port)
+        ports = {link.port for link in self._links}
+        announced = lambda: all(  # noqa: E731
+            {int(n.split()[1].split(b":")[1].split(b"@")[0]) for n in self._cluster_nodes(node)}
+            <= ports
+            for node in self.nodes
+        )
+        self.wait_until(announced, "every node to announce its link")
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{link.port}" for link in self._links)
+
+    def _cluster_nodes(self, node: RedisProcess) -> list[bytes]:
+        return bytes(self.client(node).execute_command("CLUSTER", "NODES")).splitlines()
 
     def client(self, node: RedisProcess) -> Any:
         """A plain client of one node (our own, patient enough for large values)."""

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["remote", "faults"])
+@pytest.mark.parametrize("module", ["remote", "faults", "cluster"])
 def test_bench_help(module: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", f"kvboost_rag.bench.{module}", "--help"],
@@ -29,3 +29,20 @@ def test_recorded_runs_show_no_wrong_serve_and_no_encoding() -> None:
     assert all(r["completed"] == r["attempted"] for r in rows)
     remote = json.loads((bench / "remote-float32.json").read_text())
     assert remote["serve"]["redis"]["passages_encoded"] == 0
+
+
+@pytest.mark.embedded
+def test_cluster_bench_runs_quick(tmp_path) -> None:
+    import json
+
+    from redis_server import require_binary
+
+    require_binary("redis-cli")
+    cmd = [sys.executable, "-m", "kvboost_rag.bench.cluster", "--quick", "--prompts", "1"]
+    done = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((tmp_path / "cluster.json").read_text())
+    server = run["topologies"]["one server"]["loopback"]["modes"]
+    assert server["batched"]["round_trips"] == [2]  # the prefix chain, then the passages
+    assert server["per entry"]["round_trips"][0] > 7  # a round trip per passage, and more
+    assert "keys per cluster master" in (tmp_path / "cluster.txt").read_text()
