@@ -68,7 +68,9 @@ class ClusterProcess:
             addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
             cmd = [self.cli, "--cluster", "create", *addresses, "--cluster-yes"]
             cmd += ["--cluster-replicas", str(self.replicas)]
-            subprocess.run(cmd, check=True, capture_output=True, timeout=WAIT_SECONDS)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_SECONDS)
+            if done.returncode:
+                raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-500:]}")
             self.wait_until(self.healthy, "the cluster to form")
             self.wait_until(self.synced, "the replicas' first sync")
         except BaseException:
