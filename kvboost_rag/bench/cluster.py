@@ -1,7 +1,7 @@
 """The shared tier's request path on one Redis server and on a 3-master Redis Cluster:
 round trips and lookup time of a 7-passage prompt, before batching and after.
 
-    python -m kvboost_rag.bench.cluster [--prompts 8] [--pool-tokens 100] [--threads N]
+    python -m kvboost_rag.bench.cluster [--prompts 12] [--pool-tokens 100] [--threads N]
         [--out DIR] [--quick]
 
 The embedded model (SmolLM2-135M-Instruct) warms a system head (an exact prefix: its full
@@ -17,10 +17,12 @@ chain of prefix blocks walked block by block up to the first missing), "batched"
 engine as it is. Per prompt: the round trips its client counted (``RemoteStats``: flights
 of commands; a batch to a cluster is one per node, all sent before any answer is read) and
 the lookup's wall time (what a request spends in ``Caches.look_up`` before its model is
-taken: keys, the prefix chain, the passages' variants, KV decoding). The code before
-batching also sent an EXISTS ahead of each prefix block's GET it had not indexed and asked
-the shared tier for session blocks it never holds, so its counts were higher than the
-"per entry" row's: the row is a lower bound on what batching saved.
+taken: keys, the prefix chain, the passages' variants, KV decoding) and the part of it
+spent waiting on the shared tier's batches (sent, answered, parsed; not decoded). The two
+engines alternate going first. The code before batching also sent an EXISTS ahead of each
+prefix block's GET it had not indexed and asked the shared tier for session blocks it
+never holds, so its counts were higher than the "per entry" row's: the row is a lower
+bound on what batching saved.
 
 Also: the warm's write round trips (a pipeline of EXISTS then one of SETs per batch; the
 code before sent both per value), how the cluster spread the keys over its masters, and a
@@ -97,17 +99,24 @@ def warm(base: KVBoost, url: str, pool: list[str]) -> dict[str, Any]:
     """Warm the head and the pool into ``url``; what the writes cost."""
     writer = engine(base, url)
     writer.warm(HEAD)
-    warm_corpus(writer, pool, prefix=prompt(["placeholder"]), progress=False)
+    report = warm_corpus(writer, pool, prefix=prompt(["placeholder"]), progress=False)
     writer.flush()
     stats = writer.stats().remote
     assert stats is not None and stats.errors == 0, stats
-    return {"writes": stats.writes, "write_round_trips": stats.round_trips}
+    return {
+        "writes": stats.writes,
+        "write_round_trips": stats.round_trips,
+        "passage_tokens": report.tokens,
+        "written_bytes": stats.written_bytes,
+    }
 
 
 def look_up(served: KVBoost, docs: Sequence[str]) -> dict[str, float]:
-    """One request's lookup: its round trips, wall time and passages found."""
+    """One request's lookup: its round trips, wall time (and the part of it spent waiting
+    on the shared tier's answers) and passages found."""
     remote = served._store.remote
     assert remote is not None
+    waits = _timed(remote._link)
     tokenized = served._tokenized(prompt(docs), None)
     before = remote.stats().round_trips
     start = time.perf_counter()
@@ -116,9 +125,27 @@ def look_up(served: KVBoost, docs: Sequence[str]) -> dict[str, float]:
     return {
         "round_trips": remote.stats().round_trips - before,
         "lookup_ms": lookup_ms,
+        "tier_ms": sum(waits) * 1e3,
         "passages_found": sum(kv is not None for kv in found.passage_kv),
         "prefix_tokens": found.matched,
     }
+
+
+def _timed(link: Any) -> list[float]:
+    """Seconds each of ``link``'s batches takes from here on (sent, answered, parsed; the
+    values' decoding and checks are not in it)."""
+    waits: list[float] = []
+    send = type(link).pipeline
+
+    def pipeline(*args: Any, **kwargs: Any) -> list[Any]:
+        start = time.perf_counter()
+        try:
+            return send(link, *args, **kwargs)
+        finally:
+            waits.append(time.perf_counter() - start)
+
+    link.pipeline = pipeline
+    return waits
 
 
 def measure(base: KVBoost, url: str, prompts: list[list[str]]) -> dict[str, Any]:
@@ -126,8 +153,9 @@ def measure(base: KVBoost, url: str, prompts: list[list[str]]) -> dict[str, Any]
     engines = {"per entry": engine(base, url, True), "batched": engine(base, url)}
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in engines}
     for i, docs in enumerate(prompts):
-        for mode, served in engines.items():
-            run = look_up(served, docs)
+        order = list(engines) if i % 2 else list(engines)[::-1]  # neither always goes first
+        for mode in order:
+            run = look_up(engines[mode], docs)
             if i:
                 runs[mode].append(run)
     check = engines["batched"]
@@ -145,6 +173,7 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
         "round_trips_median": statistics.median(r["round_trips"] for r in runs),
         "lookup_ms_p50": statistics.median(r["lookup_ms"] for r in runs),
         "lookup_ms_max": max(r["lookup_ms"] for r in runs),
+        "tier_ms_p50": statistics.median(r["tier_ms"] for r in runs),
         "passages_found": min(int(r["passages_found"]) for r in runs),
         "prefix_tokens": int(runs[0]["prefix_tokens"]),
         "requests": len(runs),
@@ -160,7 +189,8 @@ def table(result: dict[str, Any]) -> str:
         f"{result['prompt_tokens']:.0f} tokens, the first {matched} the head, an exact prefix "
         f"held in memory after the first prompt), redis-server {result['redis']}",
         "",
-        "topology        network      lookup     round trips  lookup ms p50    max  found",
+        "topology        network      lookup     round trips  lookup ms p50    max  "
+        "waiting on the tier p50  found",
     ]
     for name, topology in result["topologies"].items():
         for network in ("loopback", RTT_NAME):
@@ -169,7 +199,7 @@ def table(result: dict[str, Any]) -> str:
                 lines.append(
                     f"{name:<15} {network:<12} {mode:<10} {trips:>11}  "
                     f"{row['lookup_ms_p50']:>13.1f} {row['lookup_ms_max']:>6.1f}  "
-                    f"{row['passages_found']}/{PER_PROMPT}"
+                    f"{row['tier_ms_p50']:>23.1f}  {row['passages_found']}/{PER_PROMPT}"
                 )
     lines.append("")
     for name, topology in result["topologies"].items():
@@ -182,6 +212,15 @@ def table(result: dict[str, Any]) -> str:
         )
     spread = ", ".join(map(str, result["keys_per_master"].values()))
     lines.append(f"keys per cluster master: {spread}")
+    warmed = result["topologies"]["3-node cluster"]["warm"]
+    empty = sum(result["empty_used_memory_per_master"].values())
+    data = sum(result["used_memory_per_master"].values()) - empty
+    lines.append(
+        f"sizing: {warmed['written_bytes'] / warmed['passage_tokens']:.0f} bytes per passage "
+        f"token as stored (KV, token ids, header; the head's exact blocks included); the "
+        f"masters' used_memory grew {data / warmed['passage_tokens']:.0f} per token "
+        f"({data / 2**20:.1f} MiB over {empty / 2**20:.1f} MiB empty)"
+    )
     lines.append(
         f"{RTT_NAME}: every flight crosses a loopback proxy holding each chunk "
         f"{DELAY_S * 1e3:.1f} ms each way (bench.fault_server.DelayedLink)"
@@ -204,10 +243,12 @@ def run(base: KVBoost, folder: Path, count: int, pool_tokens: int) -> dict[str, 
             link.close()
         version = server.client().info("server")["redis_version"]
     with ClusterProcess(folder / "cluster", masters=3) as cluster:
+        empty = _used_memory(cluster)
         three = topologies["3-node cluster"] = {"warm": warm(base, cluster.url, pool)}
         three["loopback"] = measure(base, cluster.url, prompts)
         three[RTT_NAME] = measure(base, cluster.behind_links(DELAY_S), prompts)
         spread = cluster.keys_per_master(b"kvboost:*")
+        memory = _used_memory(cluster)
     return {
         "model": "smollm2-135m-instruct",
         "machine": machine(base),
@@ -218,7 +259,16 @@ def run(base: KVBoost, folder: Path, count: int, pool_tokens: int) -> dict[str, 
             len(base._tokenized(prompt(p), None).tokens) for p in prompts
         ),
         "keys_per_master": {str(port): n for port, n in spread.items()},
+        "used_memory_per_master": {str(port): n for port, n in memory.items()},
+        "empty_used_memory_per_master": {str(port): n for port, n in empty.items()},
         "topologies": topologies,
+    }
+
+
+def _used_memory(cluster: ClusterProcess) -> dict[int, int]:
+    """Port -> INFO used_memory of each master."""
+    return {
+        n.port: int(cluster.client(n).info("memory")["used_memory"]) for n in cluster.primaries()
     }
 
 
@@ -226,13 +276,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="2 counted prompts, short passages")
-    parser.add_argument("--prompts", type=int, default=None, help="counted prompts (default 8)")
+    parser.add_argument("--prompts", type=int, default=None, help="counted prompts (default 12)")
     parser.add_argument("--pool-tokens", type=int, default=None, help="default 100 (quick 40)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    count = args.prompts or (2 if args.quick else 8)
+    count = args.prompts or (2 if args.quick else 12)
     base = KVBoost.from_pretrained()
     folder = Path(tempfile.mkdtemp(prefix="kvboost-cluster-"))
     try:

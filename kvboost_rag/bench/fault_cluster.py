@@ -28,10 +28,11 @@ def control(lab: Lab, watch: Watch) -> None:
     watch.serve(lab, watch.engine(lab, cluster.url), range(len(lab.queries)))
 
 
-def master_killed(lab: Lab, watch: Watch) -> None:
-    """SIGKILL a master (no replica) after half the prompts: its keys are misses, the
-    other masters' are still served."""
-    cluster = _seeded(lab, watch)
+def master_killed(lab: Lab, watch: Watch, *args: str) -> None:
+    """SIGKILL a master (no replica) after half the prompts: its keys are misses. Once
+    the others agree it failed (cluster-node-timeout), they answer CLUSTERDOWN for every
+    key too, unless ``cluster-require-full-coverage no`` (``partial``)."""
+    cluster = _seeded(lab, watch, 0, *args)
     engine = watch.engine(lab, cluster.url)
     half = len(lab.queries) // 2
     watch.serve(lab, engine, range(half))
@@ -42,10 +43,16 @@ def master_killed(lab: Lab, watch: Watch) -> None:
     after = engine.stats().remote
     assert before is not None and after is not None
     watch.note(
-        f"master :{victim.port} killed after {half} prompts; the shared tier then served "
-        f"{after.hits - before.hits} passages (the other masters') and missed "
-        f"{after.misses - before.misses}"
+        f"master :{victim.port} killed after {half} prompts; the shared tier then found "
+        f"{after.hits - before.hits} entries and missed {after.misses - before.misses} "
+        "(prefix blocks included)"
     )
+
+
+def master_killed_partial(lab: Lab, watch: Watch) -> None:
+    """As ``master_killed``, with ``cluster-require-full-coverage no``: the other masters
+    go on serving their keys."""
+    master_killed(lab, watch, "--cluster-require-full-coverage", "no")
 
 
 def failover(lab: Lab, watch: Watch) -> None:
@@ -112,9 +119,9 @@ def master_out_of_memory(lab: Lab, watch: Watch) -> None:
     watch.serve(lab, watch.engine(lab, cluster.url), range(len(lab.queries)))
 
 
-def _seeded(lab: Lab, watch: Watch, replicas: int = 0) -> ClusterProcess:
+def _seeded(lab: Lab, watch: Watch, replicas: int = 0, *args: str) -> ClusterProcess:
     """A cluster holding the control's values (a warm without the encoding)."""
-    cluster = watch.cluster(lab, replicas)
+    cluster = watch.cluster(lab, replicas, *args)
     node = cluster.nodes[0]
     client = import_redis().cluster.RedisCluster(host="127.0.0.1", port=node.port)
     pipe = client.pipeline(transaction=False)
@@ -133,6 +140,7 @@ def _errors(cluster: ClusterProcess, node: object, kind: str) -> int:
 CASES: list[tuple[str, Callable[[Lab, Watch], None]]] = [
     ("cluster: no fault", control),
     ("cluster: master killed", master_killed),
+    ("cluster: killed, partial", master_killed_partial),
     ("cluster: failover", failover),
     ("cluster: slots migrating", slots_migrating),
     ("cluster: master OOM", master_out_of_memory),

@@ -58,10 +58,11 @@ class Watch:
         self.servers.append(RedisProcess(lab.folder, *args).start())
         return self.servers[-1]
 
-    def cluster(self, lab: Lab, replicas: int = 0) -> ClusterProcess:
-        """A 3-master cluster of the fault's own (its nodes stopped with its servers)."""
+    def cluster(self, lab: Lab, replicas: int = 0, *args: str) -> ClusterProcess:
+        """A 3-master cluster of the fault's own (its nodes stopped with its servers);
+        ``args``: options of every node."""
         folder = Path(tempfile.mkdtemp(prefix="cluster-", dir=lab.folder))  # new node files
-        cluster = ClusterProcess(folder, masters=3, replicas=replicas).start()
+        cluster = ClusterProcess(folder, 3, replicas, *args).start()
         self.servers += cluster.nodes
         return cluster
 

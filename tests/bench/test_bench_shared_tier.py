@@ -31,6 +31,24 @@ def test_recorded_runs_show_no_wrong_serve_and_no_encoding() -> None:
     assert remote["serve"]["redis"]["passages_encoded"] == 0
 
 
+def test_recorded_cluster_runs_batch_spread_and_serve_nothing_wrong() -> None:
+    import json
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "docs" / "bench"
+    run = json.loads((bench / "cluster.json").read_text())
+    assert len(run["keys_per_master"]) == 3 and all(run["keys_per_master"].values())
+    for topology in run["topologies"].values():
+        assert topology["loopback"]["check"]["passages_missed"] == 0  # nothing encoded
+        for network in ("loopback", "+1 ms RTT"):
+            modes = topology[network]["modes"]
+            assert max(modes["batched"]["round_trips"]) < min(modes["per entry"]["round_trips"])
+            assert modes["batched"]["passages_found"] == 7
+    rows = json.loads((bench / "faults-cluster.json").read_text())["rows"]
+    assert len(rows) >= 5 and all(r["wrong"] == 0 and not r["raised"] for r in rows)
+    assert all(r["completed"] == r["attempted"] and r["warnings"] <= 1 for r in rows)
+
+
 @pytest.mark.embedded
 def test_cluster_bench_runs_quick(tmp_path) -> None:
     import json
