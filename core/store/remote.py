@@ -7,29 +7,25 @@ a whole value or none, and concurrent writers of one key each write a whole vali
 On a cluster (``redis_client``) keys shard by hash slot over the masters.
 
 Reads and writes go in batches: a request's lookup (``get_many``, ``contains_many``) is one
-pipeline, one round trip to a server or one per node of a cluster (every node's batch is
-written before any answer is read). The background writer sends what is queued as one
-pipeline of EXISTS, then one of SETs for the values not there yet. ``RemoteStats`` counts
-the flights at the client (``round_trips``).
+pipeline per server or cluster node, every node's sent at once. The background writer
+sends what is queued as one pipeline of EXISTS, then one of SETs for the values not there
+yet. ``RemoteStats`` counts the flights at the client (``round_trips``).
 
 The server evicts by its own policy (``maxmemory`` + ``allkeys-lru``): a vanished key is a
 miss. Writes go through a background ``BatchWriter``, never the request path; a key
 already present is not sent again, and a value over the server's ``proto-max-bulk-len`` is
 skipped.
 
-Faults never reach the caller: a server that is down, slow or restarting makes every call
-a miss for a back-off (0.5 s, doubling to 30 s) announced by one warning per outage. A
-read on the request path gets ``timeout`` in all, its whole batch included (a value
-trickling in over a slow link is abandoned, not waited for); background writes get it per
-socket operation. An error the server answers (out of memory, read-only replica) is warned
-about once per kind, and writes pause for a back-off of their own. Requests go on from the
-local tiers. A cluster follows the same rules as a whole: a batch that touches a node that
-is down fails (the client refreshes the cluster's layout and retries once, which is how a
-read finds the replica a failover promoted, or the node a slot migrated to); MOVED and ASK
-redirections while a slot migrates are followed by the client; CLUSTERDOWN and TRYAGAIN
-answers (no master for a slot yet, keys of a slot mid-migration) count as the tier being
-unavailable, not as a server's refusal. Values that came back from healthy nodes in a
-batch that partly failed are used: each is checked like any other.
+Faults never reach the caller (``remote_link`` keeps the rules, per node): a server or a
+cluster node that is down, slow, restarting or failing over makes its keys misses for a
+back-off (0.5 s, doubling to 30 s), one warning per outage of the tier. A read on the
+request path gets ``timeout`` in all, its whole batch included (a value trickling in over
+a slow link is abandoned, not waited for); background writes get it per socket operation.
+An error a node answers (out of memory, read-only replica) is warned about once per kind,
+and its writes pause for a back-off of their own. MOVED and ASK redirections while a slot
+migrates, and a failover's new layout, are followed by the cluster client. Requests go on
+from the local tiers; values that came back from healthy nodes are used, each checked like
+any other.
 """
 
 from __future__ import annotations
