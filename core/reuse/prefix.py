@@ -7,10 +7,11 @@ the full blocks stop matching, the parent's children are compared token by token
 radix tree), so a conversation's next turn reuses its history to the token, not the block.
 
 The index of blocks (key -> parent, tokens, bytes) lives in memory apart from their KV, as
-in vLLM's block pool: a match walks the index and reads KV from the store only for the
-blocks it uses. KV the store has dropped is found missing when loaded; the block then
-leaves the index and the match ends before it. Full blocks stored by an earlier process
-(on disk, not yet in this index) are found by their chained key.
+in vLLM's block pool: a match reads the chain of full blocks in one batch (one round trip
+to the shared tier, not one per block) and, among the children, only the one it uses. KV
+the store has dropped is found missing when loaded; the block then leaves the index and
+the match ends before it. Full blocks stored by an earlier process (on disk or in the
+shared tier, not yet in this index) are found by their chained key.
 """
 
 from __future__ import annotations
@@ -104,8 +105,10 @@ class PrefixCache:
         assert kv[0][0].shape[-2] >= exact_upto - kv_start
         stored, parent = 0, self.parent_key(tokens, first)
         keys = self.keys(tokens[:exact_upto])
-        held = self.store.contains_many(keys[first:], share=self.shared)  # one batch
-        for i, (key, there) in enumerate(zip(keys[first:], held), first):
+        shared = self._shared_only(keys[first:])
+        for i, key in enumerate(keys[first:], first):
+            # Asked here, not up front, where local: a block just stored may have evicted it.
+            there = shared.get(key) or self.store.contains_many([key], share=False)[0]
             if not there:
                 start = i * self.block_tokens
                 block = _copy(kv, start - kv_start, start + self.block_tokens - kv_start)
@@ -132,6 +135,14 @@ class PrefixCache:
                 break
             count += 1
         return count
+
+    def _shared_only(self, keys: list[bytes]) -> dict[bytes, bool]:
+        """For the keys the local tiers lack, whether the shared tier holds them: one batch."""
+        if not self.shared:
+            return {}
+        local = self.store.contains_many(keys, share=False)
+        elsewhere = [key for key, here in zip(keys, local) if not here]
+        return dict(zip(elsewhere, self.store.contains_many(elsewhere)))
 
     def _covered(self, parent: bytes, tail: tuple[int, ...]) -> bool:
         """Whether a stored child of ``parent`` starts with ``tail`` (it would serve it)."""

@@ -84,7 +84,7 @@ class RemoteLink:
         a read on the request path (see the module). ``write``: nodes refusing writes are
         skipped, and an error a node answers pauses its writes."""
         answers: list[Any] = [None] * len(names)
-        groups = self._groups(names, write)
+        groups = self._groups(names, write, bounded)
         runs = {node: self._run(command, names, values, at, bounded) for node, at in groups.items()}
         deadline = time.monotonic() + self._timeout
         for node, run in runs.items():
@@ -117,12 +117,12 @@ class RemoteLink:
             stacklevel=6,
         )
 
-    def _groups(self, names: Sequence[bytes], write: bool) -> dict[str, list[int]]:
+    def _groups(self, names: Sequence[bytes], write: bool, bounded: bool) -> dict[str, list[int]]:
         """Indices of ``names`` per node that may be asked now."""
         if not names or not self._backoff(TIER).available():
             return {}
         try:
-            nodes = self._nodes(names)
+            nodes = self._nodes(names, bounded)
         except Exception as error:  # the cluster client could not connect: the tier is down
             self._failed(TIER, error, write)
             return {}
@@ -133,10 +133,16 @@ class RemoteLink:
             groups.setdefault(node, []).append(i)
         return {node: at for node, at in groups.items() if self._open(node, write)}
 
-    def _nodes(self, names: Sequence[bytes]) -> list[str]:
-        """The node serving each name, from the client's slot layout (no I/O once open)."""
+    def _nodes(self, names: Sequence[bytes], bounded: bool) -> list[str]:
+        """The node serving each name, from the client's slot layout (no I/O once open;
+        opening it, a read waits ``timeout`` at most, as for its batch)."""
         if not self._cluster:
             return [TIER] * len(names)
+        if self._client is None and bounded:
+            try:
+                self._reads.submit(self._connected).result(timeout=self._timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"connecting took over {self._timeout} s") from None
         client = self._connected()
         return [client.get_node_from_key(name).name for name in names]
 

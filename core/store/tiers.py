@@ -42,18 +42,11 @@ class TieredStore:
         self, items: Sequence[tuple[bytes, tuple[int, ...] | None]], share: bool = True
     ) -> list[Entry | None]:
         """Per ``(key, tokens)``, what ``MemoryStore.get`` answers, from the first tier
-        holding it: memory, then disk for the rest, then the shared tier for what is
-        still missing, in one batch (one round trip per server or cluster node). Hits
-        below memory are promoted. ``share=False``: not the shared tier (KV that is
-        never written there)."""
-        found = [self.memory.get(key, tokens) for key, tokens in items]
-        if self.disk is not None:
-            for i in _missing(found):
-                key, tokens = items[i]
-                if (entry := self.disk.get(key, tokens)) is not None:
-                    self.memory.put(key, entry.tokens, entry.kv, entry.approximate)
-                    found[i] = entry
-        rest = _missing(found)
+        holding it: memory, then disk, then the shared tier for what is still missing, in
+        one batch (one round trip per server or cluster node). Hits below memory are
+        promoted. ``share=False``: not the shared tier (KV that is never written there)."""
+        found = [self._local(key, tokens) for key, tokens in items]
+        rest = [i for i, entry in enumerate(found) if entry is None]
         if share and self.remote is not None and rest:
             for i, entry in zip(rest, self.remote.get_many([items[i] for i in rest])):
                 if entry is not None:
@@ -65,12 +58,19 @@ class TieredStore:
         self, items: Sequence[tuple[bytes, tuple[int, ...] | None]], share: bool = True
     ) -> list[Entry]:
         """The entries of the longest leading run of ``items`` some tier holds (a chain of
-        prefix blocks: a missing one ends it), read as ``get_many`` reads: in one batch.
-        Entries after a gap are read too: a chain's blocks are used together, so the
-        tiers' LRU drops them together and such reads are rare, where a walk block by
-        block costs a round trip each."""
+        prefix blocks: a missing one ends it). The local tiers are walked entry by entry
+        (nothing past the chain's end is read from disk); the shared tier is asked once,
+        from the first entry they lack to the end of ``items``, in one batch."""
         chain: list[Entry] = []
-        for entry in self.get_many(items, share):
+        shared: list[Entry | None] | None = None  # its answers from ``gap`` on
+        gap = 0
+        for i, (key, tokens) in enumerate(items):
+            entry = self._local(key, tokens)
+            if entry is None and share and self.remote is not None:
+                if shared is None:
+                    gap, shared = i, self.remote.get_many(items[i:])
+                if (entry := shared[i - gap]) is not None:
+                    self._promote(key, entry)
             if entry is None:
                 break
             chain.append(entry)
@@ -126,6 +126,14 @@ class TieredStore:
             self.remote.stats() if self.remote else None,
         )
 
+    def _local(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
+        """The entry from memory, else from disk (then kept in memory)."""
+        entry = self.memory.get(key, tokens)
+        if entry is None and self.disk is not None:
+            if (entry := self.disk.get(key, tokens)) is not None:
+                self.memory.put(key, entry.tokens, entry.kv, entry.approximate)
+        return entry
+
     def _promote(self, key: bytes, entry: Entry) -> None:
         """A shared-tier hit, kept in memory and (in the background) on disk."""
         self.memory.put(key, entry.tokens, entry.kv, entry.approximate)
@@ -136,10 +144,6 @@ class TieredStore:
         assert self.disk is not None
         if key not in self.disk:  # a failed write must not fail the request evicting it
             self.disk.put_or_report(key, entry.tokens, entry.kv, entry.approximate)
-
-
-def _missing(found: list[Entry | None]) -> list[int]:
-    return [i for i, entry in enumerate(found) if entry is None]
 
 
 def open_tiers(config: KVBoostConfig, fingerprint: bytes) -> TieredStore:

@@ -117,7 +117,7 @@ def look_up(served: KVBoost, docs: Sequence[str]) -> dict[str, float]:
     remote = served._store.remote
     assert remote is not None
     waits = _timed(remote._link)
-    tokenized = served._tokenized(prompt(docs), None)
+    tokenized = served._prompts.text(prompt(docs), None)
     before = remote.stats().round_trips
     start = time.perf_counter()
     found = served._caches.look_up(tokenized)
@@ -256,7 +256,7 @@ def run(base: KVBoost, folder: Path, count: int, pool_tokens: int) -> dict[str, 
         "requests": count,
         "delay_ms_each_way": DELAY_S * 1e3,
         "prompt_tokens": statistics.median(
-            len(base._tokenized(prompt(p), None).tokens) for p in prompts
+            len(base._prompts.text(prompt(p), None).tokens) for p in prompts
         ),
         "keys_per_master": {str(port): n for port, n in spread.items()},
         "used_memory_per_master": {str(port): n for port, n in memory.items()},

@@ -31,6 +31,14 @@ class CountingStore(TieredStore):
         self.reads += [key for (key, _), entry in zip(items, found) if entry is not None]
         return found
 
+    def get_chain(
+        self, items: Sequence[tuple[bytes, tuple[int, ...] | None]], share: bool = True
+    ) -> list[Entry]:
+        chain = super().get_chain(items, share)
+        self.batches.append([key for key, _ in items])
+        self.reads += [key for (key, _), _ in zip(items, chain)]
+        return chain
+
 
 def cache_for(tokens: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """KV whose keys hold each position's token id and values its position, so a matched

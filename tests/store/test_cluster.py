@@ -68,7 +68,7 @@ def test_a_seven_passage_lookup_is_one_round_trip_per_cache_and_node(
         remote = engine._store.remote
         assert remote is not None
         before = remote.stats().round_trips
-        lookup = engine._caches.look_up(engine._tokenized(QUESTION, batch))
+        lookup = engine._caches.look_up(engine._prompts.text(QUESTION, batch))
         trips = remote.stats().round_trips - before
         assert sum(kv is not None for kv in lookup.passage_kv) == 7
     # The exact prefix chain in one batch, the seven passages in another: a flight per

@@ -217,3 +217,15 @@ def test_a_node_out_of_memory_refuses_writes_with_one_warning(
     assert 0 < result[0].passages_hit < len(DOCS)  # the full master's passages recomputed
     assert_right(result[0], expected, cold)
     assert same_kv(engine, reader) >= result[0].passages_hit
+
+
+def test_a_cluster_down_at_start_warns_once_and_serves_locally(cold: list[int]) -> None:
+    from kvboost_rag.bench.cluster_server import free_ports
+
+    url = "redis-cluster://" + ",".join(f"127.0.0.1:{p}" for p in free_ports(3))
+    engine = make_engine(url)  # the client connects on first use, not here
+    results: list[GenerationResult] = []
+    seen = recording(lambda: results.extend(fresh_answer(engine) for _ in range(3)))
+    assert len(seen) == 1 and "unavailable" in seen[0], seen
+    assert all(r.token_ids == cold for r in results)
+    assert not engine.stats().remote.available  # type: ignore[union-attr]
