@@ -46,6 +46,7 @@ BENCHES = {
     "agent": "agent",
     "all": "suite",
     "chat": "chat",
+    "cluster": "cluster",
     "constrained": "constrained",
     "decode": "decode",
     "exactness": "exactness",

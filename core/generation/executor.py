@@ -314,12 +314,13 @@ class Executor:
             for request in running:
                 self._fail(request, error)
             return
-        for i, (request, draft) in enumerate(zip(running, drafts)):
-            self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
+        # Counted before any request ends: a caller woken by its last token reads them.
         self._steps += 1
         self._stepped_rows += count
         self._peak = max(self._peak, count)
         self._seconds += time.perf_counter() - start
+        for i, (request, draft) in enumerate(zip(running, drafts)):
+            self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
 
     def _draft(self, request: Request) -> list[int]:
         if request.drafter is None:

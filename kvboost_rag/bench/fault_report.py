@@ -75,13 +75,13 @@ def lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
-def write(out: Path, rep: dict[str, Any]) -> None:
+def write(out: Path, rep: dict[str, Any], name: str = "faults") -> None:
     text = lines(rep)
     print("\n".join(text))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "faults.txt").write_text("\n".join(text) + "\n")
-    (out / "faults.json").write_text(json.dumps(rep, indent=2))
-    print(f"wrote {out / 'faults.txt'} and {out / 'faults.json'}")
+    (out / f"{name}.txt").write_text("\n".join(text) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(rep, indent=2))
+    print(f"wrote {out / f'{name}.txt'} and {out / f'{name}.json'}")
 
 
 def _row(r: dict[str, Any]) -> str:

@@ -1,11 +1,13 @@
 """A private ``redis-server`` the fault benchmark breaks on purpose: started on a loopback
 port in a temp folder with nothing persisted, killed (SIGKILL), frozen (SIGSTOP: every
 command hangs, as on a slow or stuck server), thawed, and started again empty on the same
-port (a restart); and a slow link to it (``Trickle``: answers arrive a chunk at a time)."""
+port (a restart); and a slow link to it (``Trickle``: answers arrive a chunk at a time) or
+a distant one (``DelayedLink``: every chunk arrives late, at full speed)."""
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import shutil
 import signal
 import socket
@@ -124,6 +126,68 @@ class Trickle:
             for src, dst, delay in ((client, server, 0.0), (server, client, self.delay)):
                 args = (src, dst, self.chunk, delay)
                 threading.Thread(target=_pipe, args=args, daemon=True).start()
+
+
+class DelayedLink:
+    """A loopback proxy to ``port`` that forwards every chunk ``delay`` seconds after it
+    arrived, each way and in order: a network's latency (a round trip costs ``2 * delay``)
+    without its bandwidth limit."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.target, self.delay = port, delay
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._open: list[socket.socket] = []
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="delayed-link", daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+        for end in self._open:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return  # closed
+            for end in (client, server):
+                end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._open += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                chunks: queue.Queue[tuple[float, bytes]] = queue.Queue()
+                threading.Thread(target=_receive, args=(src, chunks), daemon=True).start()
+                args = (dst, chunks, self.delay)
+                threading.Thread(target=_forward, args=args, daemon=True).start()
+
+
+def _receive(src: socket.socket, chunks: queue.Queue[tuple[float, bytes]]) -> None:
+    try:
+        while data := src.recv(256 * 1024):
+            chunks.put((time.monotonic(), data))
+    except OSError:
+        pass
+    chunks.put((time.monotonic(), b""))  # the end
+
+
+def _forward(dst: socket.socket, chunks: queue.Queue[tuple[float, bytes]], delay: float) -> None:
+    try:
+        while data := _due(chunks, delay):
+            dst.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_RDWR)
+
+
+def _due(chunks: queue.Queue[tuple[float, bytes]], delay: float) -> bytes:
+    """The next chunk, once ``delay`` has passed since it arrived."""
+    arrived, data = chunks.get()
+    time.sleep(max(0.0, arrived + delay - time.monotonic()))
+    return data
 
 
 def _pipe(src: socket.socket, dst: socket.socket, chunk: int, delay: float) -> None:

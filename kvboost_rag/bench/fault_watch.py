@@ -6,15 +6,18 @@ and what was served: requests completed, wrong answers, routes, TTFT, shared-tie
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvboost_rag import GenerationResult, KVBoost, warm_corpus
+from kvboost_rag.bench.cluster_server import ClusterProcess
 from kvboost_rag.bench.fault_server import RedisProcess
 from kvboost_rag.bench.metrics import median
 
@@ -54,6 +57,14 @@ class Watch:
     def server(self, lab: Lab, *args: str) -> RedisProcess:
         self.servers.append(RedisProcess(lab.folder, *args).start())
         return self.servers[-1]
+
+    def cluster(self, lab: Lab, replicas: int = 0, *args: str) -> ClusterProcess:
+        """A 3-master cluster of the fault's own (its nodes stopped with its servers);
+        ``args``: options of every node."""
+        folder = Path(tempfile.mkdtemp(prefix="cluster-", dir=lab.folder))  # new node files
+        cluster = ClusterProcess(folder, 3, replicas, *args).start()
+        self.servers += cluster.nodes
+        return cluster
 
     def engine(self, lab: Lab, url: str) -> KVBoost:
         engine = self.attempt("KVBoost(...)", lambda: lab.engine(url))

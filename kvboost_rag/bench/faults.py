@@ -1,16 +1,18 @@
 """What a user sees when the shared Redis tier fails: per fault, what reached the caller,
 requests completed, and wrong serves (which must be 0).
 
-    python -m kvboost_rag.bench.faults [--out DIR] [--quick] [--threads N]
+    python -m kvboost_rag.bench.faults [--out DIR] [--quick] [--threads N] [--cluster]
 
 The embedded model in float32 answers completion prompts of 3 essay passages (~50-100
 tokens each, with an invented fact; ``generate(question, passages=...)``) with 8 greedy
 tokens. Every fault gets its own private ``redis-server`` (``fault_server``), broken on
 purpose while an engine warms the corpus into it or serves prompts from it: the server's
 faults are in ``fault_cases`` (down, killed, restarted, frozen, a slow link, flushed, out
-of memory, evicting), the values' in ``fault_values`` (damaged, two writers). ``fault_watch``
-records what the caller saw; ``fault_report`` prints the table and writes
-``faults.txt`` / ``faults.json`` under ``--out``.
+of memory, evicting), the values' in ``fault_values`` (damaged, two writers). With
+``--cluster`` the shared tier is a 3-master Redis Cluster (``cluster_server``) and the
+faults are ``fault_cluster``'s (a master killed, a failover, slots migrating, a master out
+of memory). ``fault_watch`` records what the caller saw; ``fault_report`` prints the table
+and writes ``faults.txt`` / ``faults.json`` (``faults-cluster.*``) under ``--out``.
 
 Wrong serve: a request whose token ids differ from those of a reference engine with no
 shared tier (same config otherwise) that warmed the corpus locally. A request takes one
@@ -167,7 +169,7 @@ def run_all(lab: Lab, cases: list[tuple[str, Callable[[Lab, Watch], None]]]) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kvboost_rag.bench import fault_cases, fault_report, fault_values
+    from kvboost_rag.bench import fault_cases, fault_cluster, fault_report, fault_values
 
     parser = ArgumentParser(
         prog="kvboost-rag bench faults", description=(__doc__ or "").split("\n")[0]
@@ -177,6 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--passages", type=positive, default=None, help="default 24 (quick 10)")
     parser.add_argument("--queries", type=positive, default=None, help="default 8 (quick 3)")
     parser.add_argument("--threads", type=positive, default=None, help="torch threads")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the faults of a 3-master Redis Cluster instead (faults-cluster.txt / .json)",
+    )
     parser.add_argument("--writer", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     count = args.passages or (10 if args.quick else 24)
@@ -191,11 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     queries = make_queries(pool, args.queries or (3 if args.quick else 8), seed=1)
     lab = Lab(base, pool, queries)
     try:
-        rows = run_all(lab, fault_cases.CASES)
+        rows = run_all(lab, fault_cluster.CASES if args.cluster else fault_cases.CASES)
     finally:
         shutil.rmtree(lab.folder, ignore_errors=True)
     report = fault_report.report(lab, rows, time.perf_counter() - start)
-    fault_report.write(args.out, report)
+    fault_report.write(args.out, report, "faults-cluster" if args.cluster else "faults")
 
 
 if __name__ == "__main__":

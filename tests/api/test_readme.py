@@ -14,6 +14,8 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 def test_readme_python_block_runs(index: int, request, monkeypatch) -> None:
     if "REDIS_URL" in BLOCKS[index]:  # the shared-tier recipe: a private redis-server
         monkeypatch.setenv("REDIS_URL", request.getfixturevalue("redis_server").url)
+    if "REDIS_CLUSTER_URL" in BLOCKS[index]:  # the cluster recipe: a private 3-master cluster
+        monkeypatch.setenv("REDIS_CLUSTER_URL", request.getfixturevalue("redis_cluster").url)
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {})
 
 
