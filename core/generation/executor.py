@@ -318,9 +318,9 @@ class Executor:
         self._steps += 1
         self._stepped_rows += count
         self._peak = max(self._peak, count)
-        self._seconds += time.perf_counter() - start
         for i, (request, draft) in enumerate(zip(running, drafts)):
             self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
+        self._seconds += time.perf_counter() - start
 
     def _draft(self, request: Request) -> list[int]:
         if request.drafter is None:
