@@ -56,7 +56,7 @@ def test_cluster_bench_runs_quick(tmp_path) -> None:
     from redis_server import require_binary
 
     require_binary("redis-cli")
-    cmd = [sys.executable, "-m", "kvboost_rag.bench.cluster", "--quick", "--prompts", "1"]
+    cmd = [sys.executable, "-m", "kvboost_rag.bench.cluster.run", "--quick", "--prompts", "1"]
     done = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads((tmp_path / "cluster.json").read_text())
