@@ -25,6 +25,8 @@ def main() -> None:
         dtype=job["dtype"],
         max_model_len=4096,
         enable_prefix_caching=False,
+        # on CPU this fraction of the machine's memory is reserved for its KV blocks
+        gpu_memory_utilization=float(job.get("memory_fraction", 0.25)),
         disable_log_stats=False,  # per-request first-token times
     )
     params = SamplingParams(
