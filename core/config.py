@@ -11,6 +11,7 @@ import torch
 
 from kvboost_rag.core.reuse.repair import STRATEGIES, RepairSettings
 from kvboost_rag.core.store.codec import CODECS
+from kvboost_rag.core.store.redis_client import check_url
 from kvboost_rag.core.tools.formats import FORMATS
 
 T = TypeVar("T")
@@ -84,8 +85,10 @@ class KVBoostConfig:
     # Byte budget of the disk tier; least recently used files go first.
     max_disk_bytes: int = 20 * 1024**3
     # The shared tier every machine reads: a Redis / Valkey URL ("redis://host:6379/0",
-    # "rediss://" for TLS, "redis://:password@host", "unix:///path.sock"); None: no shared
-    # tier. Needs the redis extra. Faults never reach requests (see core/store/remote.py).
+    # "rediss://" for TLS, "redis://:password@host", "unix:///path.sock"), or a Redis
+    # Cluster's seed nodes ("redis-cluster://host:7000,host:7001", LMCache's form: see
+    # core/store/redis_client.py); None: no shared tier. Needs the redis extra. Faults
+    # never reach requests (see core/store/remote.py).
     remote_url: str | None = None
     # Key prefix in the shared tier (keys are "<namespace>:<model fingerprint>:<key>").
     remote_namespace: str = "kvboost"
@@ -202,9 +205,8 @@ DEFAULT_DRAFT_TOKENS: dict[str, int] = {"cpu": 0}
 
 
 def _check_remote(config: KVBoostConfig) -> None:
-    url = config.remote_url
-    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"remote_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    if config.remote_url is not None:
+        check_url(config.remote_url)
     if not config.remote_namespace or any(c.isspace() for c in config.remote_namespace):
         raise ValueError(
             f"remote_namespace must be non-empty without spaces, got {config.remote_namespace!r}"

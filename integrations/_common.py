@@ -22,7 +22,7 @@ from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import MAX_SEED, SamplingOptions
 from kvboost_rag.core.prompt.chunker import format_passages, split_passage
-from kvboost_rag.warm import document_text
+from kvboost_rag.documents import document_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -97,3 +97,13 @@ def cache_folder(text: str) -> Path:
                 raise argparse.ArgumentTypeError(f"{text} {what}: pass a folder")
             break
     return path
+
+
+def positive_list(text: str) -> list[int]:
+    """An argparse type: comma-separated ints >= 1 ("12,64,256")."""
+    return [positive(part.strip()) for part in text.split(",")]
+
+
+def dtype_list(text: str) -> list[str]:
+    """An argparse type: comma-separated dtype names ("bfloat16,float32")."""
+    return [dtype_name(part.strip()) for part in text.split(",")]

@@ -43,19 +43,20 @@ class BadUsage(Exception):
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
 # `demo` and `warm` never load the benchmark package.
 BENCHES = {
-    "agent": "agent",
-    "all": "suite",
-    "chat": "chat",
-    "constrained": "constrained",
-    "decode": "decode",
-    "exactness": "exactness",
-    "faults": "faults",
-    "front": "front",
-    "latency": "latency",
-    "load": "load",
-    "rag": "rag",
-    "remote": "remote",
-    "warm": "warm",
+    "agent": "agent.run",
+    "all": "suite.run",
+    "chat": "chat.run",
+    "cluster": "cluster.run",
+    "constrained": "constrained.run",
+    "decode": "decode.run",
+    "exactness": "exactness.run",
+    "faults": "faults.run",
+    "front": "front.run",
+    "latency": "latency.run",
+    "load": "load.run",
+    "rag": "rag.run",
+    "remote": "remote.run",
+    "warm": "warm.run",
 }
 
 

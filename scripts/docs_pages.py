@@ -35,37 +35,37 @@ def _text_block(name: str) -> str:
 
 
 def headline() -> str:
-    from kvboost_rag.bench.latency_report import headline as render
+    from kvboost_rag.bench.latency.report import headline as render
 
     return render(_json("latency-bfloat16.json"))
 
 
 def latency_table() -> str:
-    from kvboost_rag.bench.latency_report import table
+    from kvboost_rag.bench.latency.report import table
 
     return "```text\n" + table(_json("latency-bfloat16.json")) + "\n```"
 
 
 def bench_suite() -> str:
-    from kvboost_rag.bench.report import bench_markdown
+    from kvboost_rag.bench.suite.report import bench_markdown
 
     return bench_markdown(_json("bench.json"), "bench.png")
 
 
 def langchain() -> str:
-    from kvboost_rag.bench.langchain_rag import table
+    from kvboost_rag.bench.rag.langchain_rag import table
 
     return table(_json("langchain-bfloat16.json"))
 
 
 def llamaindex() -> str:
-    from kvboost_rag.bench.llamaindex_reuse import table
+    from kvboost_rag.bench.rag.llamaindex_rag import table
 
     return table(_json("llamaindex.json"))
 
 
 def load() -> str:
-    from kvboost_rag.bench.load_report import table
+    from kvboost_rag.bench.load.report import table
 
     return table(_json("load-float32.json"))
 
@@ -75,7 +75,7 @@ FRONT_CELLS = ["fact 1k format_passages all", "essay 1k format_passages all"]
 
 def front(name: str) -> Callable[[], str]:
     def render() -> str:
-        from kvboost_rag.bench.front_report import markdown
+        from kvboost_rag.bench.front.report import markdown
 
         return markdown(_json(f"{name}.json"), FRONT_CELLS)
 
@@ -86,7 +86,7 @@ def agent(framework: str) -> Callable[[], str]:
     """The step table of one framework's agent run (without the JSON summary line)."""
 
     def render() -> str:
-        from kvboost_rag.bench.agent import table
+        from kvboost_rag.bench.agent.run import table
 
         text = table(_json("agent.json"))
         start = text.index("| step", text.index(f"## {framework}"))
@@ -97,7 +97,7 @@ def agent(framework: str) -> Callable[[], str]:
 
 def chat(dtype: str) -> Callable[[], str]:
     def render() -> str:
-        from kvboost_rag.bench.report import chat_table
+        from kvboost_rag.bench.suite.report import chat_table
 
         return chat_table(_json(f"chat-{dtype}.json")).strip()
 
@@ -138,7 +138,10 @@ def config_fields() -> str:
     ]
     from kvboost_rag.core.config import FIDELITY_REPAIR
 
-    levels = ["| level | repair | recompute_ratio | edge_tokens | probe_layers |", "|---|---|---|---|---|"]
+    levels = [
+        "| level | repair | recompute_ratio | edge_tokens | probe_layers |",
+        "|---|---|---|---|---|",
+    ]
     levels += ["| `exact` | no passage reuse, no repair | - | - | - |"]
     levels += [
         f"| `{level}` | `{s.strategy}` | {s.recompute_ratio} | {s.edge_tokens} | "
@@ -212,6 +215,8 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "warm-bfloat16.txt": (("docs/bench/warm.md",), text_file("warm-bfloat16.txt")),
     "remote-float32.txt": (("docs/bench/remote.md",), text_file("remote-float32.txt")),
     "faults.txt": (("docs/bench/remote.md",), text_file("faults.txt")),
+    "cluster.txt": (("docs/bench/remote.md",), text_file("cluster.txt")),
+    "faults-cluster.txt": (("docs/bench/remote.md",), text_file("faults-cluster.txt")),
     "KVBoostConfig": (("docs/guides/configuration.md",), config_fields),
 }
 

@@ -183,6 +183,16 @@ def redis_server(tmp_path):
         yield server
 
 
+@pytest.fixture
+def redis_cluster(tmp_path):
+    """A private Redis Cluster of 3 masters on loopback ports, stopped after the test."""
+    from redis_server import ClusterProcess, require_binary
+
+    require_binary("redis-cli")
+    with ClusterProcess(tmp_path / "cluster", masters=3) as cluster:
+        yield cluster
+
+
 # Property tests (tests/prompt/test_properties.py): a small sample always; the slow run
 # (pytest -m slow) runs that file again with HYPOTHESIS_PROFILE=thorough.
 from hypothesis import settings  # noqa: E402

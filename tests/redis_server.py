@@ -1,7 +1,8 @@
 """The tests' private ``redis-server``: the benchmark's ``RedisProcess`` (a real server on a
-free loopback port in a temp folder, killed, frozen or restarted by the test), skipped
-where the Debian package is missing outside CI. No mocks: the shared tier's behaviour
-under eviction, faults and concurrent writers is the server's."""
+free loopback port in a temp folder, killed, frozen or restarted by the test) and
+``ClusterProcess`` (a real Redis Cluster of such servers, on loopback only), skipped where
+the Debian package is missing outside CI. No mocks: the shared tier's behaviour under
+eviction, faults, failovers, slot migrations and concurrent writers is the server's."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import shutil
 
 import pytest
 
-from kvboost_rag.bench.fault_server import RedisProcess, Trickle, free_port
+from kvboost_rag.bench.common.cluster_server import ClusterProcess
+from kvboost_rag.bench.common.redis_server import RedisProcess, Trickle, free_port
 
-__all__ = ["RedisProcess", "Trickle", "free_port", "require_binary"]
+__all__ = ["ClusterProcess", "RedisProcess", "Trickle", "free_port", "require_binary"]
 
 
-def require_binary() -> None:
-    if shutil.which("redis-server") is None:
-        why = "redis-server is not installed (scripts/setup.sh installs Debian's redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+def require_binary(*names: str) -> None:
+    """Skip (fail in CI) unless redis-server and the other named binaries are installed."""
+    for name in ("redis-server", *names):
+        if shutil.which(name) is None:
+            why = f"{name} is not installed (scripts/setup.sh installs Debian's redis-server)"
+            if os.environ.get("CI"):
+                pytest.fail(why)
+            pytest.skip(why)

@@ -314,11 +314,12 @@ class Executor:
             for request in running:
                 self._fail(request, error)
             return
-        for i, (request, draft) in enumerate(zip(running, drafts)):
-            self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
+        # Counted before any request ends: a caller woken by its last token reads them.
         self._steps += 1
         self._stepped_rows += count
         self._peak = max(self._peak, count)
+        for i, (request, draft) in enumerate(zip(running, drafts)):
+            self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
         self._seconds += time.perf_counter() - start
 
     def _draft(self, request: Request) -> list[int]:

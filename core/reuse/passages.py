@@ -91,28 +91,46 @@ class PassageCache:
         """For a prompt with ``prefix``: per passage, the prefix whose stored variant
         serves it and that variant's KV (``prefix`` itself first; with ``nearest``, else
         the known prefix sharing the most leading tokens); ``(None, None)`` when none is
-        stored. Reads the tiers; call it before taking the model."""
+        stored. Reads the tiers (every passage's own variant in one batch, the fallback's
+        in another); call it before taking the model."""
         with self._lock:
             self._remember(prefix)
             self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
-        others: list[Prefix] = []  # ranked on the first miss only: a warmed layout never is
-        out: list[tuple[Prefix | None, LayerKV | None]] = []
-        for tokens in passages:
-            kv = self._get(prefix, tokens)
-            if kv is not None:
-                out.append((prefix, kv))
-                continue
-            if self.nearest and not others:
-                others.extend(self._by_closeness(prefix))
-            for candidate in others if self.nearest else []:
-                if (kv := self._get(candidate, tokens)) is not None:
-                    with self._lock:
-                        self._remember(candidate)
-                    out.append((candidate, kv))
-                    break
-            else:
-                out.append((None, None))
+        own = self._get_many([(prefix, tokens) for tokens in passages])
+        out: list[tuple[Prefix | None, LayerKV | None]] = [
+            (prefix, kv) if kv is not None else (None, None) for kv in own
+        ]
+        missing = [i for i, kv in enumerate(own) if kv is None]
+        if self.nearest and missing:  # ranked on a miss only: a warmed layout never is
+            self._borrow(prefix, passages, missing, out)
         return out
+
+    def _borrow(
+        self,
+        prefix: Prefix,
+        passages: Sequence[Sequence[int]],
+        missing: list[int],
+        out: list[tuple[Prefix | None, LayerKV | None]],
+    ) -> None:
+        """Fill ``out[i]`` for each of ``missing`` with the closest known prefix's stored
+        variant. Which candidates hold one is asked in one batch (no KV read: reading every
+        candidate's would move one passage's KV many times), the chosen ones' KV read in
+        another; a variant gone in between is replaced by the next candidate's."""
+        others = self._by_closeness(prefix)
+        pairs = [(i, other) for i in missing for other in others]
+        held = self.store.contains_many([self.key(p, passages[i]) for i, p in pairs])
+        ranked: dict[int, list[Prefix]] = {i: [] for i in missing}
+        for (i, other), there in zip(pairs, held):
+            if there:
+                ranked[i].append(other)
+        while picks := {i: queue.pop(0) for i, queue in ranked.items() if queue}:
+            kvs = self._get_many([(picks[i], passages[i]) for i in picks])
+            for (i, source), kv in zip(picks.items(), kvs):
+                if kv is not None:
+                    with self._lock:
+                        self._remember(source)
+                    out[i] = (source, kv)
+                    ranked[i] = []
 
     def recurring(self, prefix: Prefix) -> bool:
         """Whether more than one prompt with ``prefix`` was located: a layout that comes
@@ -123,11 +141,14 @@ class PassageCache:
     def cached(
         self, sources: Sequence[Prefix | None], passages: Sequence[Sequence[int]]
     ) -> list[LayerKV | None]:
-        """Stored KV of each passage under its source prefix, None where there is none."""
-        return [
-            None if source is None else self._get(source, tokens)
-            for source, tokens in zip(sources, passages)
-        ]
+        """Stored KV of each passage under its source prefix, None where there is none
+        (read in one batch)."""
+        asked = [(i, source) for i, source in enumerate(sources) if source is not None]
+        kvs: list[LayerKV | None] = [None] * len(passages)
+        found = self._get_many([(source, passages[i]) for i, source in asked])
+        for (i, _), kv in zip(asked, found):
+            kvs[i] = kv
+        return kvs
 
     def fetch(
         self,
@@ -172,9 +193,10 @@ class PassageCache:
         hits = sum(kv is not None for kv in known)
         return PassageLookup(kvs, used, hits, len(passages) - hits, len(unique), encode_ms)  # type: ignore[arg-type]
 
-    def _get(self, prefix: Prefix, tokens: Sequence[int]) -> LayerKV | None:
-        entry = self.store.get(self.key(prefix, tokens), prefix.tokens + tuple(tokens))
-        return None if entry is None else entry.kv
+    def _get_many(self, variants: Sequence[tuple[Prefix, Sequence[int]]]) -> list[LayerKV | None]:
+        """The stored KV of each (prefix, passage) variant, None where there is none."""
+        items = [(self.key(p, tokens), p.tokens + tuple(tokens)) for p, tokens in variants]
+        return [None if entry is None else entry.kv for entry in self.store.get_many(items)]
 
     def _remember(self, prefix: Prefix) -> None:
         """Under ``_lock``."""

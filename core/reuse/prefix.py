@@ -7,10 +7,11 @@ the full blocks stop matching, the parent's children are compared token by token
 radix tree), so a conversation's next turn reuses its history to the token, not the block.
 
 The index of blocks (key -> parent, tokens, bytes) lives in memory apart from their KV, as
-in vLLM's block pool: a match walks the index and reads KV from the store only for the
-blocks it uses. KV the store has dropped is found missing when loaded; the block then
-leaves the index and the match ends before it. Full blocks stored by an earlier process
-(on disk, not yet in this index) are found by their chained key.
+in vLLM's block pool: a match reads the chain of full blocks in one batch (one round trip
+to the shared tier, not one per block) and, among the children, only the one it uses. KV
+the store has dropped is found missing when loaded; the block then leaves the index and
+the match ends before it. Full blocks stored by an earlier process (on disk or in the
+shared tier, not yet in this index) are found by their chained key.
 """
 
 from __future__ import annotations
@@ -70,14 +71,15 @@ class PrefixCache:
         ``first``: the blocks before this one are not looked at (the caller has their KV
         from elsewhere); ``blocks`` then starts at block ``first`` while ``length``
         still counts from position 0."""
-        chain = self._chain(tokens, first)
-        blocks = self._load_chain(tokens, chain, first)
+        keys = self.keys(tokens)
+        blocks = self._load_chain(tokens, keys, first)
         length = (first + len(blocks)) * self.block_tokens
-        parent = chain[len(blocks) - 1] if blocks else self.parent_key(tokens, first)
+        last = first + len(blocks) - 1
+        parent = keys[last] if last >= 0 else self._root
         rest = tuple(tokens[length:])
         while rest and (best := self._best_child(parent, rest)) is not None:
             key, child, shared = best
-            entry = self.store.get(key, child)
+            entry = self.store.get_many([(key, child)], share=self.shared)[0]
             if entry is not None:
                 blocks.append([(k[:, :, :shared], v[:, :, :shared]) for k, v in entry.kv])
                 return PrefixMatch(length + shared, blocks)
@@ -106,8 +108,11 @@ class PrefixCache:
         assert kv[0][0].shape[-2] >= exact_upto - kv_start
         stored, parent = 0, self.parent_key(tokens, first)
         keys = self.keys(tokens[:exact_upto])
+        shared = self._shared_only(keys[first:])
         for i, key in enumerate(keys[first:], first):
-            if key not in self.store:
+            # Asked here, not up front, where local: a block just stored may have evicted it.
+            there = shared.get(key) or self.store.contains_many([key], share=False)[0]
+            if not there:
                 start = i * self.block_tokens
                 block = _copy(kv, start - kv_start, start + self.block_tokens - kv_start)
                 stored += self._put(parent, key, self._block(tokens, i), block, persist)
@@ -134,44 +139,45 @@ class PrefixCache:
             count += 1
         return count
 
+    def _shared_only(self, keys: list[bytes]) -> dict[bytes, bool]:
+        """For the keys the local tiers lack, whether the shared tier holds them: one batch."""
+        if not self.shared:
+            return {}
+        local = self.store.contains_many(keys, share=False)
+        elsewhere = [key for key, here in zip(keys, local) if not here]
+        return dict(zip(elsewhere, self.store.contains_many(elsewhere)))
+
     def _covered(self, parent: bytes, tail: tuple[int, ...]) -> bool:
         """Whether a stored child of ``parent`` starts with ``tail`` (it would serve it)."""
         with self._lock:
             children = [(k, self._blocks[k].tokens) for k in self._children.get(parent, ())]
-        return any(t[: len(tail)] == tail and k in self.store for k, t in children)
+        serving = [k for k, t in children if t[: len(tail)] == tail]
+        return any(self.store.contains_many(serving, share=self.shared))
 
     def parent_key(self, tokens: Sequence[int], index: int) -> bytes:
         """The key block ``index`` chains from."""
         return self.keys(tokens[: index * self.block_tokens])[-1] if index else self._root
 
-    def _chain(self, tokens: Sequence[int], first: int = 0) -> list[bytes]:
-        """Keys of the leading full blocks (from ``first``) the index or the store holds
-        (no KV read)."""
-        chain: list[bytes] = []
-        for i, key in enumerate(self.keys(tokens)[first:], first):
-            block = self._blocks.get(key)  # one dict read: atomic, no lock needed
-            known = block is not None and block.tokens == self._block(tokens, i)
-            if not (known or (block is None and key in self.store)):
+    def _load_chain(self, tokens: Sequence[int], keys: list[bytes], first: int) -> list[LayerKV]:
+        """KV of the leading full blocks from ``first`` on, up to the first one no tier
+        holds, read in one batch (a block stored by an earlier process, not in the index,
+        is found by its chained key)."""
+        wanted = [(key, self._block(tokens, i)) for i, key in enumerate(keys[first:], first)]
+        # An indexed block with other tokens under the key (a collision) ends the chain.
+        for j, (key, block) in enumerate(wanted):
+            known = self._blocks.get(key)  # one dict read: atomic, no lock needed
+            if known is not None and known.tokens != block:
+                wanted = wanted[:j]
                 break
-            chain.append(key)
-        return chain
-
-    def _load_chain(
-        self, tokens: Sequence[int], chain: list[bytes], first: int = 0
-    ) -> list[LayerKV]:
-        """KV of the chained blocks, up to the first one gone from every tier."""
-        blocks: list[LayerKV] = []
-        parent = self.parent_key(tokens, first)
-        for i, key in enumerate(chain, first):
-            entry = self.store.get(key, self._block(tokens, i))
-            if entry is None:
-                self._forget(key)
-                break
-            if self._blocks.get(key) is None:  # stored by an earlier process, found on disk
+        entries = self.store.get_chain(wanted, share=self.shared)
+        if len(entries) < len(wanted):
+            self._forget(wanted[len(entries)][0])  # gone from every tier
+        parent = keys[first - 1] if first else self._root
+        for (key, _), entry in zip(wanted, entries):
+            if self._blocks.get(key) is None:  # stored by an earlier process
                 self._index(parent, key, entry.tokens, entry.nbytes)
-            blocks.append(entry.kv)
             parent = key
-        return blocks
+        return [entry.kv for entry in entries]
 
     def _best_child(
         self, parent: bytes, rest: tuple[int, ...]

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-import warnings
-
-log = logging.getLogger("kvboost_rag")
 
 
 class Backoff:
-    """When a server fails: skip it for a delay that doubles while it keeps failing; one
-    warning per outage. Thread-safe."""
+    """When a server (or a cluster node) fails: skip it for a delay that doubles while it
+    keeps failing, from ``first`` to ``longest`` seconds. Thread-safe. Saying so is the
+    caller's: one warning per outage of the whole tier (``RemoteLink``)."""
 
-    def __init__(
-        self, where: str, first: float = 0.5, longest: float = 30.0, warn: bool = True
-    ) -> None:
-        self.where = where
-        self.warn = warn
+    def __init__(self, first: float = 0.5, longest: float = 30.0) -> None:
         self.first, self.longest = first, longest
         self._delay = first
         self._retry_at = 0.0
@@ -29,20 +22,18 @@ class Backoff:
         with self._lock:
             return time.monotonic() >= self._retry_at
 
-    def failed(self, error: Exception) -> None:
+    @property
+    def down(self) -> bool:
+        """Whether the last call failed (it may be retried already)."""
         with self._lock:
-            if not self._down and self.warn:
-                warnings.warn(
-                    f"kvboost-rag: the shared KV tier at {self.where} is unavailable ({error}); "
-                    "serving from local tiers, retrying in the background",
-                    stacklevel=5,
-                )
+            return self._down
+
+    def failed(self) -> None:
+        with self._lock:
             self._down = True
             self._retry_at = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.longest)
 
     def succeeded(self) -> None:
         with self._lock:
-            if self._down and self.warn:
-                log.warning("kvboost-rag: the shared KV tier at %s is back", self.where)
             self._down, self._delay = False, self.first

@@ -1,6 +1,7 @@
 """A background writer: applies queued items in order on a daemon thread started on
 demand, so a tier's writes (disk files, Redis values) overlap compute and stay off the
-request path.
+request path. ``BatchWriter`` applies what is queued in batches (one pipelined round trip
+for a batch of shared-tier writes).
 
 The thread ends after ``IDLE_SECONDS`` without work, dropping its reference to the store
 that owns it, so an unused store is freed. Stores drain their writer at interpreter exit
@@ -62,18 +63,58 @@ class Writer(Generic[T]):
     def _run(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=IDLE_SECONDS)
+                first = self._queue.get(timeout=IDLE_SECONDS)
             except queue.Empty:
                 with self._lock:  # submit and close queue under this lock: none is missed
                     if self._queue.empty():
                         self._thread = None
                         return
                 continue
+            items = [first, *self._more()] if first is not _STOP else [first]
+            work = [item for item in items if item is not _STOP]
             try:
-                if item is _STOP:
-                    return
-                self._apply(item)  # type: ignore[arg-type]
+                if work:
+                    self._apply_all(work)  # type: ignore[arg-type]
             except Exception:
                 log.exception("kvboost-rag: %s failed on a queued write", self._name)
             finally:
-                self._queue.task_done()
+                for _ in items:
+                    self._queue.task_done()
+            if len(work) < len(items):  # close() queues _STOP after everything else
+                return
+
+    def _more(self) -> list[object]:
+        """Items queued behind the one just taken that are applied with it: none here."""
+        return []
+
+    def _apply_all(self, items: list[T]) -> None:
+        for item in items:
+            try:
+                self._apply(item)
+            except Exception:
+                log.exception("kvboost-rag: %s failed on a queued write", self._name)
+
+
+class BatchWriter(Writer[T]):
+    """A ``Writer`` that hands ``apply_batch`` everything queued when it wakes, up to
+    ``max_items`` at once: a batch of shared-tier writes is one pipelined round trip."""
+
+    def __init__(self, name: str, apply_batch: Callable[[list[T]], None], max_items: int) -> None:
+        super().__init__(name, lambda item: apply_batch([item]))
+        self._apply_batch = apply_batch
+        self._max_items = max_items
+
+    def _more(self) -> list[object]:
+        more: list[object] = []
+        while len(more) < self._max_items - 1:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            more.append(item)
+            if item is _STOP:
+                break
+        return more
+
+    def _apply_all(self, items: list[T]) -> None:
+        self._apply_batch(items)

@@ -12,11 +12,11 @@ from langchain_text_splitters import TextSplitter
 
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR
+from kvboost_rag.documents import PASSAGE_SLOT
 from kvboost_rag.integrations._common import documents_as_passages, split_into_units
 from kvboost_rag.integrations.langchain.chat import ChatKVBoost
 from kvboost_rag.integrations.langchain.llm import KVBoostLLM
 from kvboost_rag.integrations.langchain.messages import engine_messages
-from kvboost_rag.warm import PASSAGE_SLOT
 
 # ``create_stuff_documents_chain`` joins formatted documents with this: the blank line
 # ``format_passages`` puts between passages (any other separator finds the same passages).

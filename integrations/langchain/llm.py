@@ -15,9 +15,9 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.documents import document_text
 from kvboost_rag.integrations._common import aiter_thread, concurrently, in_thread
 from kvboost_rag.integrations.langchain._fields import KVBoostFields
-from kvboost_rag.warm import document_text
 
 
 class KVBoostLLM(KVBoostFields, BaseLLM):

@@ -7,8 +7,8 @@ from typing import Any
 
 from llama_index.core.prompts import BasePromptTemplate
 
+from kvboost_rag.documents import PASSAGE_SLOT
 from kvboost_rag.integrations.llamaindex.llm import KVBoostLLM, engine_messages
-from kvboost_rag.warm import PASSAGE_SLOT
 
 # The synthesizers' first-call templates: text_qa_template (compact, refine,
 # simple_summarize, accumulate) or summary_template (tree_summarize).

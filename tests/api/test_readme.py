@@ -14,6 +14,8 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 def test_readme_python_block_runs(index: int, request, monkeypatch) -> None:
     if "REDIS_URL" in BLOCKS[index]:  # the shared-tier recipe: a private redis-server
         monkeypatch.setenv("REDIS_URL", request.getfixturevalue("redis_server").url)
+    if "REDIS_CLUSTER_URL" in BLOCKS[index]:  # the cluster recipe: a private 3-master cluster
+        monkeypatch.setenv("REDIS_CLUSTER_URL", request.getfixturevalue("redis_cluster").url)
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {})
 
 
@@ -29,7 +31,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_readme_langchain_table_equals_its_json() -> None:
     import json
 
-    from kvboost_rag.bench.langchain_rag import table
+    from kvboost_rag.bench.rag.langchain_rag import table
 
     saved = README.parent / "docs" / "bench" / "langchain-bfloat16.json"
     assert table(json.loads(saved.read_text())) in README.read_text()
@@ -38,7 +40,7 @@ def test_readme_langchain_table_equals_its_json() -> None:
 def test_readme_llamaindex_table_equals_its_json() -> None:
     import json
 
-    from kvboost_rag.bench.llamaindex_reuse import table
+    from kvboost_rag.bench.rag.llamaindex_rag import table
 
     saved = README.parent / "docs" / "bench" / "llamaindex.json"
     assert table(json.loads(saved.read_text())) in README.read_text()
@@ -47,14 +49,14 @@ def test_readme_llamaindex_table_equals_its_json() -> None:
 def test_readme_load_table_equals_its_json() -> None:
     import json
 
-    from kvboost_rag.bench.load_report import table
+    from kvboost_rag.bench.load.report import table
 
     saved = README.parent / "docs" / "bench" / "load-float32.json"
     assert table(json.loads(saved.read_text())) in README.read_text()
 
 
 def test_readme_bench_section_equals_bench_json(tmp_path: Path) -> None:
-    from kvboost_rag.bench.report import update_readme
+    from kvboost_rag.bench.suite.report import update_readme
 
     copy = tmp_path / "README.md"
     copy.write_text(README.read_text())
@@ -69,7 +71,7 @@ def test_readme_bench_section_equals_bench_json(tmp_path: Path) -> None:
 def test_readme_fidelity_tables_equal_their_json(name: str) -> None:
     import json
 
-    from kvboost_rag.bench.front_report import markdown
+    from kvboost_rag.bench.front.report import markdown
 
     saved = README.parent / "docs" / "bench" / f"{name}.json"
     cells = ["fact 1k format_passages all", "essay 1k format_passages all"]
@@ -79,7 +81,7 @@ def test_readme_fidelity_tables_equal_their_json(name: str) -> None:
 def test_readme_agent_tables_equal_their_json() -> None:
     import json
 
-    from kvboost_rag.bench.agent import table
+    from kvboost_rag.bench.agent.run import table
 
     saved = json.loads((README.parent / "docs" / "bench" / "agent.json").read_text())
     text = table(saved)

@@ -5,15 +5,15 @@ import re
 
 import pytest
 
-from kvboost_rag.bench.constrained_tasks import (
+from kvboost_rag.bench.constrained.grammars import _bytes_to_unicode, literal
+from kvboost_rag.bench.constrained.schema_check import check_schema, schema_errors
+from kvboost_rag.bench.constrained.tasks import (
     JSON_TASKS,
     TOOL_TASKS,
     TOOLS,
     call_errors,
     json_errors,
 )
-from kvboost_rag.bench.grammars import _bytes_to_unicode, literal
-from kvboost_rag.bench.schema_check import check_schema, schema_errors
 from kvboost_rag.cli import BENCHES
 from kvboost_rag.core.tools.formats import InvalidToolCall, ToolCall, tool_name
 from kvboost_rag.core.tools.structure import Structure
@@ -91,7 +91,7 @@ def test_byte_map_is_a_bijection_onto_printable_characters() -> None:
 
 
 def test_the_cli_runs_it() -> None:
-    assert BENCHES["constrained"] == "constrained"
+    assert BENCHES["constrained"] == "constrained.run"
 
 
 @pytest.mark.parametrize(

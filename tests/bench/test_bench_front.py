@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from test_bench_suite import tiny_dir  # noqa: F401  (a fixture: a tiny Llama saved to disk)
 
-from kvboost_rag.bench import front
-from kvboost_rag.bench.front_tasks import is_correct
+from kvboost_rag.bench.front import run as front
+from kvboost_rag.bench.front.tasks import is_correct
 from kvboost_rag.cli import BENCHES
 
 
@@ -40,7 +40,7 @@ def test_quick_front_reports_every_option_in_every_cell(
 
 
 def test_front_is_a_bench_workload() -> None:
-    assert BENCHES["front"] == "front"
+    assert BENCHES["front"] == "front.run"
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvboost_rag.bench.load_report import summarize
+from kvboost_rag.bench.load.report import summarize
 from kvboost_rag.cli import BENCHES
 
 pytestmark = pytest.mark.embedded
@@ -81,4 +81,4 @@ def test_rows_summarize_the_runs(report: dict) -> None:
 
 
 def test_load_is_a_bench_workload() -> None:
-    assert BENCHES["load"] == "load"
+    assert BENCHES["load"] == "load.run"

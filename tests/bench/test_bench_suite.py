@@ -9,10 +9,10 @@ from conftest import make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.bench import suite
-from kvboost_rag.bench.chart import draw
-from kvboost_rag.bench.report import END, START, bench_markdown, update_readme
-from kvboost_rag.bench.systems import machine
+from kvboost_rag.bench.common.chart import draw
+from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.bench.suite import run as suite
+from kvboost_rag.bench.suite.report import END, START, bench_markdown, update_readme
 from kvboost_rag.cli import main
 
 TINY_PLAN = suite.Plan(

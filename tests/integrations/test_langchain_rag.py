@@ -7,7 +7,7 @@ import pytest
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.bench.langchain_rag import (
+from kvboost_rag.bench.rag.langchain_rag import (
     essay_documents,
     minilm_embeddings,
     passage_tokens,

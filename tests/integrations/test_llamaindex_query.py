@@ -177,7 +177,7 @@ def test_engine_errors_are_not_swallowed(mode: str, tiny_llm: KVBoostLLM) -> Non
 
 @pytest.fixture(scope="module")
 def essay_index(embedded: KVBoost, embed_model) -> tuple[VectorStoreIndex, KVBoostLLM, list]:  # type: ignore[no-untyped-def]
-    from kvboost_rag.bench.corpus import passages as essay_pieces
+    from kvboost_rag.bench.common.corpus import passages as essay_pieces
 
     llm = KVBoostLLM(engine=embedded, max_tokens=8)
     texts = essay_pieces(embedded.tokenizer, 64, 3)

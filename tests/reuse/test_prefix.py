@@ -20,15 +20,28 @@ FINGERPRINT = b"model-a"
 
 
 class CountingStore(TieredStore):
-    """Records every key whose KV is read."""
+    """Records every key whose KV is read (a lookup that found it), and each batch asked."""
 
     def __init__(self, max_bytes: int, disk: DiskStore | None = None) -> None:
         super().__init__(max_bytes, disk)
         self.reads: list[bytes] = []
+        self.batches: list[list[bytes]] = []
 
-    def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
-        self.reads.append(key)
-        return super().get(key, tokens)
+    def get_many(
+        self, items: Sequence[tuple[bytes, tuple[int, ...] | None]], share: bool = True
+    ) -> list[Entry | None]:
+        found = super().get_many(items, share)
+        self.batches.append([key for key, _ in items])
+        self.reads += [key for (key, _), entry in zip(items, found) if entry is not None]
+        return found
+
+    def get_chain(
+        self, items: Sequence[tuple[bytes, tuple[int, ...] | None]], share: bool = True
+    ) -> list[Entry]:
+        chain = super().get_chain(items, share)
+        self.batches.append([key for key, _ in items])
+        self.reads += [key for (key, _), _ in zip(items, chain)]
+        return chain
 
 
 def cache_for(tokens: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -66,6 +79,16 @@ def test_matching_among_siblings_reads_only_the_chosen_one() -> None:
     assert store.stats().memory.hits - hits == 2  # one hit per block used
 
 
+def test_the_chain_of_full_blocks_is_read_in_one_batch() -> None:
+    store = CountingStore(10**9)
+    prefix = PrefixCache(store, FINGERPRINT, BLOCK)
+    stream = list(range(1, 18))  # four full blocks and a 1-token tail
+    store_stream(prefix, stream)
+    store.batches.clear()
+    assert prefix.match(stream).length == 17
+    assert store.batches == [prefix.keys(stream), [store.batches[1][0]]]  # chain, then tail
+
+
 def test_tail_matches_to_the_token() -> None:
     store = CountingStore(10**9)
     prefix = PrefixCache(store, FINGERPRINT, BLOCK)
@@ -91,7 +114,7 @@ def test_block_evicted_from_every_tier_ends_the_match_before_it() -> None:
     assert match.length == BLOCK and matched_tokens(match) == stream[:BLOCK]
     store.reads.clear()
     assert prefix.match(stream).length == BLOCK
-    assert second not in store.reads  # dropped from the index: not looked up again
+    assert second not in store.reads and second not in prefix._blocks  # dropped from the index
     store_stream(prefix, stream)  # stored again, so the chain is whole again
     assert prefix.match(stream).length == 12
 

@@ -1,0 +1,1 @@
+"""bench agent: LangChain / LlamaIndex agent loops, every step re-reading its history."""

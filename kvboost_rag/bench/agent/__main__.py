@@ -1,0 +1,3 @@
+from kvboost_rag.bench.agent.run import main
+
+main()

@@ -1,0 +1,1 @@
+"""bench chat: multi-turn chat, exact prefix reuse per turn against full prefill."""

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.chat.run import main
+
+main()

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.cluster.run import main
+
+main()

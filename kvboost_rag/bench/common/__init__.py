@@ -1,0 +1,2 @@
+"""What the benchmarks share: corpora, baselines, metrics, charts, the machine they ran
+on, local Redis servers."""

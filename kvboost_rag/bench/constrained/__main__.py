@@ -1,0 +1,3 @@
+from kvboost_rag.bench.constrained.run import main
+
+main()

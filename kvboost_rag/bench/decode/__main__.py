@@ -1,0 +1,3 @@
+from kvboost_rag.bench.decode.run import main
+
+main()

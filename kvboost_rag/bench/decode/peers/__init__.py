@@ -1,0 +1,2 @@
+"""Runners for the decode benchmark's peers, each run in its own environment (never
+imported by the package)."""

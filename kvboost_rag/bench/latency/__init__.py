@@ -1,0 +1,1 @@
+"""bench latency: time to first and last token for one user at a time, against generate."""

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.latency.run import main
+
+main()

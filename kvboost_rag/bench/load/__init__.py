@@ -1,0 +1,1 @@
+"""bench load: concurrent requests, batched vs serialized vs HuggingFacePipeline."""

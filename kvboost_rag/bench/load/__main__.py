@@ -1,0 +1,3 @@
+from kvboost_rag.bench.load.run import main
+
+main()

@@ -1,0 +1,1 @@
+"""bench rag: RAG workloads against full prefill, and the LangChain / LlamaIndex reuse tables."""

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.rag.run import main
+
+main()

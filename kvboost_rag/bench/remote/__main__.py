@@ -1,0 +1,3 @@
+from kvboost_rag.bench.remote.run import main
+
+main()

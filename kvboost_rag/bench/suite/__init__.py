@@ -1,0 +1,1 @@
+"""bench (all): every workload and system in one run, and the README section it writes."""

@@ -1,0 +1,3 @@
+from kvboost_rag.bench.suite.run import main
+
+main()

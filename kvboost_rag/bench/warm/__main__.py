@@ -1,0 +1,3 @@
+from kvboost_rag.bench.warm.run import main
+
+main()
