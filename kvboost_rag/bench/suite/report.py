@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m kvboost_rag.bench.suite.report", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("json", nargs="+", type=Path, help="benchmark JSON files")
-    parser.add_argument("--readme", type=Path, help="rewrite the bench section of this page (docs/bench/index.md)")
+    parser.add_argument(
+        "--readme", type=Path, help="rewrite the bench section of this page (docs/bench/index.md)"
+    )
     args = parser.parse_args(argv)
     for path in args.json:
         report = json.loads(path.read_text())
