@@ -200,8 +200,9 @@ class KVBoostConfig:
 
 
 # Drafted tokens verified per decoding step, by device, where speculation measured faster
-# (docs/bench/decode-*.txt); elsewhere off.
-DEFAULT_DRAFT_TOKENS: dict[str, int] = {"cpu": 0}
+# (docs/bench/decode-bfloat16.txt: on a CPU a step verifying 8 drafted tokens costs about
+# one plain step, and RAG answers copy their passages); elsewhere off, as not measured.
+DEFAULT_DRAFT_TOKENS: dict[str, int] = {"cpu": 8}
 
 
 def _check_remote(config: KVBoostConfig) -> None:

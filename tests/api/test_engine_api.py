@@ -80,6 +80,17 @@ def test_breaking_out_of_a_stream_cancels_and_frees_the_engine(llama: KVBoost) -
     assert llama.generate(PROMPT, max_new_tokens=2).finish_reason == "length"
 
 
+def test_after_a_break_the_result_holds_what_was_yielded(llama: KVBoost) -> None:
+    stream = llama.stream(PROMPT, max_new_tokens=400)
+    yielded = []
+    for piece in stream:
+        yielded.append(piece)
+        if len(yielded) == 3:
+            break
+    assert stream.result is not None and stream.result.text == "".join(yielded)
+    assert len(stream.result.token_ids) >= 3
+
+
 def test_concurrent_callers_get_serial_results(llama: KVBoost, tokenizer) -> None:
     prompts = [f"{i}: {PROMPT * (i + 1)}" for i in range(6)]
     serial = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(block_tokens=8))

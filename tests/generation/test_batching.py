@@ -92,6 +92,35 @@ def test_batched_answers_equal_serial_answers(arch: str, fidelity: str, tokenize
     assert batched.stats().requests == 8
 
 
+@pytest.mark.parametrize("fidelity", ["exact", "balanced"])
+@pytest.mark.parametrize(
+    "fill_tokens, fill_rows",
+    [
+        (7, {"cpu": 1}),
+        (7, {}),
+        (10_000, {}),
+    ],  # chunked one row a turn, chunked rows together, whole rows together
+)
+def test_every_fill_schedule_gives_the_serial_answers(
+    fidelity: str,
+    fill_tokens: int,
+    fill_rows: dict[str, int],
+    tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(executor_module, "FILL_TOKENS", fill_tokens)
+    monkeypatch.setattr(executor_module, "FILL_ROWS", fill_rows)
+    batched, serial = engines("llama", tokenizer, fidelity=fidelity)
+    work = prompts(6)
+    if fidelity != "exact":
+        for engine in (batched, serial):
+            engine.warm_passages([p for _, passages, _ in work for p in passages])
+    want = [ask(serial, *w) for w in work]
+    assert together([lambda w=w: ask(batched, *w) for w in work]) == want
+    stats = batched.stats().batch
+    assert stats is not None and stats.peak > 1, "the requests never decoded together"
+
+
 def test_seeded_sampling_equals_serial(tokenizer: Any) -> None:
     batched, serial = engines("llama", tokenizer)
     work = prompts(6)

@@ -89,6 +89,7 @@ def table(report: dict[str, Any]) -> str:
             f"{k} {'run' if v else 'not run (no environment given)'}"
             for k, v in report["peers_run"].items()
         ),
+        *(f"failed: {name}: {why[-160:]}" for name, why in report.get("peers_failed", {}).items()),
     ]
     head = f"{'system':<26}{'tokens/s':>9}{'x':>7}{'TTLT ms':>10}{'x':>7}{'TTFT ms':>9}{'same':>8}"
     current = None

@@ -213,7 +213,8 @@ def _model_files(alias: str) -> dict[str, str]:
 def record(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}  # peer and answer length -> why it did not run
     levels = args.concurrency
     for n in args.lengths:
         base.model.generation_config.min_new_tokens = n
@@ -237,16 +238,24 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         for name, peer in found.items():
             if isinstance(peer, Peer):
                 note(f"N={n}: {name}, {len(cells)} batches in its own process")
-                got = peer.run_all([batch for *_, batch in cells])
+                try:
+                    got = peer.run_all([batch for *_, batch in cells])
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as error:
+                    failed[f"{name} N={n}"] = str(error)[-500:]  # reported, not a crash
+                    note(f"{name} failed at N={n}: {str(error)[-200:]}")
+                    continue
                 runs += [_run(n, k, lv, b, name, r) for (k, lv, b, _), r in zip(cells, got)]
     base.model.generation_config.min_new_tokens = None
     peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
+    if failed:
+        peers |= {name.split(" N=")[0]: False for name in failed}
     return {
         "command": "kvboost-rag bench decode " + " ".join(args.argv),
         "model": args.model,
         "quick": args.quick,
         "machine": machine(base),
         "peers_run": peers,
+        "peers_failed": failed,
         "runs": runs,
         "summary": summarize(runs),
         "seconds": time.perf_counter() - start,

@@ -12,16 +12,29 @@ import time
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+    # its OpenMP threads pinned to the first `threads` cores (0.32 takes a core list, not "all")
+    threads = int(job.get("threads") or os.cpu_count() or 1)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
+    # the engine core in this process: its worker process dies at start on this machine
+    # (no traceback reaches the parent); in-process it runs, and per-request stats need it on
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
     llm = LLM(
-        job["checkpoint"], dtype=job["dtype"], max_model_len=4096, enable_prefix_caching=False
+        job["checkpoint"],
+        dtype=job["dtype"],
+        max_model_len=4096,
+        enable_prefix_caching=False,
+        # on CPU this fraction of the machine's memory is reserved for its KV blocks
+        gpu_memory_utilization=float(job.get("memory_fraction", 0.25)),
+        disable_log_stats=False,  # per-request first-token times
     )
     params = SamplingParams(
         temperature=0.0, max_tokens=job["max_tokens"], min_tokens=job["max_tokens"]
     )
-    llm.generate(["warm up"], SamplingParams(max_tokens=2))
+    # warmed on a real prompt and batch shape, so no measured job pays a first-call cost
+    for prompts in job["jobs"][:2]:
+        llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)
     print(json.dumps({"jobs": [answer(llm, prompts, params) for prompts in job["jobs"]]}))
 
 
