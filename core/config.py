@@ -61,7 +61,8 @@ class KVBoostConfig:
     # Repair strategy for reused passages; None takes the fidelity level's default
     # (see FIDELITY_REPAIR). One of kvboost_rag.core.reuse.repair.STRATEGIES.
     repair: str | None = None
-    # Share of reused passage tokens recomputed by the "deviation" strategy.
+    # Share of reused passage tokens recomputed by the "deviation", "query" and "passage"
+    # strategies; None takes the fidelity level's default.
     recompute_ratio: float | None = None
     # Leading tokens of each reused passage recomputed by the "edges" strategy.
     edge_tokens: int | None = None

@@ -302,6 +302,7 @@ class KVBoost:
         self._store.flush()
 
     def clear_cache(self) -> None:
+        """Empty the memory tier; the disk and shared tiers are persistent by design."""
         self._store.clear()
 
     # -- the request path --------------------------------------------------------------

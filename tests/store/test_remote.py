@@ -139,6 +139,7 @@ def test_another_models_entries_are_never_served(redis_server: RedisProcess) -> 
     a.warm_passages(DOCS)
     other = KVBoost(make_model("llama", seed=1), make_tokenizer(), a.config)
     result = other.generate(QUESTION, passages=DOCS, max_new_tokens=2)
+    other.flush()  # its writes of what it encoded reach the server before the server stops
     assert result.passages_missed == len(DOCS)  # another fingerprint: other keys
     assert other.stats().remote.hits == 0  # type: ignore[union-attr]
 
@@ -223,6 +224,7 @@ def test_flushed_keys_are_misses(redis_server: RedisProcess, cold: list[int]) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a vanished key is a miss, nothing more
         result = engine.generate(QUESTION, passages=DOCS, max_new_tokens=6)
+        engine.flush()  # its writes reach the server before the server stops
     assert result.token_ids == cold and result.passages_missed == len(DOCS)
 
 
@@ -233,6 +235,7 @@ def test_out_of_memory_refusals_warn_once(tmp_path: Path, expected) -> None:
             warnings.simplefilter("always")
             engine.warm_passages(corpus(60))
             assert answer(engine) == expected
+            engine.flush()  # its writes are tried before the server stops
         refused = [w for w in caught if "answered an error" in str(w.message)]
         assert len(refused) == 1 and "OutOfMemoryError" in str(refused[0].message)
         stats = engine.stats().remote
@@ -256,6 +259,7 @@ def test_keys_the_server_evicts_are_misses_and_nothing_else(tmp_path: Path) -> N
                 reader.generate(QUESTION, passages=docs[i : i + 6], max_new_tokens=1)
                 for i in range(0, 60, 6)
             ]
+            reader.flush()  # its writes reach the server before the server stops
         found = sum(r.passages_hit for r in hits)
         assert 0 < found < len(docs) and sum(r.passages_missed for r in hits) == 60 - found
         assert same_kv(writer, reader) >= found  # every value read was writer's, bit for bit

@@ -92,6 +92,69 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join([*lines, "", *NOTES])
 
 
+# What the headline names each system (README and docs/bench/latency.md).
+HEADLINE_NAMES = {
+    "generate": "`model.generate` (full prefill: what HuggingFacePipeline / HuggingFaceLLM run)",
+    "prefix cache": "`generate` + transformers' prefix-cache recipe",
+    "exact": "kvboost-rag `exact`",
+    "balanced": "kvboost-rag `balanced` (default)",
+    "fast": "kvboost-rag `fast`",
+}
+
+
+def headline(report: dict[str, Any], scenario: str = "warm") -> str:
+    """The one table the README leads with: per system, TTFT and time to last token for
+    each answer length against ``generate``, and how many answers equal ``generate``'s.
+
+    Rendered from ``report["summary"]`` for ``scenario``: TTFT is the median of the
+    system's per-length medians (the first token does not depend on the answer's length);
+    TTLT is given per length above one token; "x" is ``generate``'s time over the system's.
+    """
+    lines = [line for line in report["summary"] if line["scenario"] == scenario]
+    lengths = sorted({line["length"] for line in lines})
+    long = [n for n in lengths if n > 1] or lengths
+    systems = list(dict.fromkeys(line["system"] for line in lines))
+    cell = {(line["system"], line["length"]): line for line in lines}
+    base_ttft = median([cell[BASE, n]["ttft_ms"] for n in lengths])
+    m = report["machine"]
+    requests = cell[BASE, lengths[0]]["requests"]
+    caption = (
+        f"{report['model']}, {m['dtype']}, {m['cpu']} ({m['cpu_count']} cores, "
+        f"{m['threads']} threads); RAG chat prompts of 4 warmed passages in a new order each "
+        f"request, {requests} request(s) per answer length, greedy answers of exactly N "
+        f"tokens; medians. Command: `{report['command']}`"
+        + (" (a quick smoke run: its numbers are placeholders)" if report.get("quick") else "")
+    )
+    head = ["system", "TTFT", *[f"last token, N={n}" for n in long], "same answer as generate"]
+    rows = [caption, "", _row(head), _row(["---"] * len(head))]
+    for system in systems:
+        ttft = median([cell[system, n]["ttft_ms"] for n in lengths])
+        same = sum(cell[system, n]["same"] for n in lengths)
+        total = sum(cell[system, n]["requests"] for n in lengths)
+        rows.append(
+            _row(
+                [
+                    HEADLINE_NAMES.get(system, system),
+                    _ms_x(ttft, base_ttft / ttft if ttft else None),
+                    *[
+                        _ms_x(cell[system, n]["ttlt_ms"], cell[system, n]["ttlt_ms_x"])
+                        for n in long
+                    ],
+                    f"{same}/{total}",
+                ]
+            )
+        )
+    return "\n".join(rows)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _ms_x(ms: float, x: float | None) -> str:
+    return f"{ms:,.0f} ms" + (f" ({x:.2f}x)" if x is not None else "")
+
+
 def _x(value: float | None) -> str:
     return f"{value:>6.2f}" if value is not None else f"{'-':>6}"
 

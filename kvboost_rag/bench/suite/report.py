@@ -1,7 +1,10 @@
-"""Markdown tables from benchmark JSON, so the README's numbers are a run's numbers.
+"""Markdown tables from benchmark JSON, so the documentation's numbers are a run's numbers.
 
 python -m kvboost_rag.bench.suite.report docs/bench/rag-levels-bfloat16.json ...
-python -m kvboost_rag.bench.suite.report --readme README.md docs/bench/bench.json
+python -m kvboost_rag.bench.suite.report --readme docs/bench/index.md docs/bench/bench.json
+
+The second form rewrites one page's bench section; ``scripts/docs_pages.py`` rewrites every
+generated section of the README and the site, this one included.
 """
 
 from __future__ import annotations
@@ -217,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m kvboost_rag.bench.suite.report", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("json", nargs="+", type=Path, help="benchmark JSON files")
-    parser.add_argument("--readme", type=Path, help="rewrite this README's bench section")
+    parser.add_argument(
+        "--readme", type=Path, help="rewrite the bench section of this page (docs/bench/index.md)"
+    )
     args = parser.parse_args(argv)
     for path in args.json:
         report = json.loads(path.read_text())

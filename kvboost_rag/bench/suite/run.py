@@ -12,7 +12,8 @@ fidelity level and, when installed, the ``kvboost`` PyPI package. Workloads:
 - cold: prompts of passages no system has seen.
 
 Writes ``bench.json`` and ``bench.png`` under ``--out``; ``python -m
-kvboost_rag.bench.suite.report OUT/bench.json`` turns the JSON into the README's tables.
+kvboost_rag.bench.suite.report OUT/bench.json`` prints the JSON as tables, and
+``scripts/docs_pages.py`` puts ``docs/bench/bench.json``'s on docs/bench/index.md.
 """
 
 from __future__ import annotations
