@@ -116,9 +116,9 @@ class KVBoostConfig:
     max_batch_size: int | None = None
     # Prompt-lookup speculation (core/generation/speculation.py): each decoding step also
     # verifies up to this many tokens drafted from the request's own text; the answer is the
-    # same (greedy: token for token; sampled: the same distribution). 0 turns it off; None:
-    # the measured default for the device (see ``draft_length``). A request's
-    # ``draft_tokens=`` overrides it.
+    # same (greedy: token for token in fp32, up to rounding in bf16; sampled: the same
+    # distribution). 0 turns it off; None: the measured default for the device (8 on CPU),
+    # for greedy requests decoding alone. A request's ``draft_tokens=`` overrides it.
     draft_tokens: int | None = None
 
     def __post_init__(self) -> None:

@@ -97,6 +97,11 @@ class RequestPath:
             feed=feed,
         )
         drafts = sampling.draft_tokens
+        if drafts is None and self.config.draft_tokens is None and not sampling.greedy:
+            # The device default drafts for greedy requests only: a sampled one drafted
+            # alone draws from its generator differently than one decoding beside others,
+            # and a seed must give one answer however many requests run together.
+            drafts = 0
         drafts = self.config.draft_length(self.handle.device) if drafts is None else drafts
         if drafts and feed is None:
             request.drafter = PromptLookup(prompt.tokens, drafts)

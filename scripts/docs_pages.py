@@ -206,6 +206,12 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "load-float32.json": (("docs/bench/load.md",), load),
     "front-bfloat16.json": (("docs/bench/fidelity.md",), front("front-bfloat16")),
     "front-probe-bfloat16.json": (("docs/bench/fidelity.md",), front("front-probe-bfloat16")),
+    "front-repair-bfloat16.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-repair-bfloat16.txt"),
+    ),
+    "decode-bfloat16.txt": (("docs/bench/decode.md",), text_file("decode-bfloat16.txt")),
+    "exactness.txt": (("docs/bench/fidelity.md",), text_file("exactness.txt")),
     "agent.json langchain": (("docs/bench/agents.md",), agent("langchain")),
     "agent.json llamaindex": (("docs/bench/agents.md",), agent("llamaindex")),
     "agent-fast.txt": (("docs/bench/agents.md",), text_file("agent-fast.txt")),
