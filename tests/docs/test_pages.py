@@ -55,7 +55,8 @@ def test_check_fails_naming_the_page_that_drifted(tmp_path: Path, monkeypatch) -
     (tmp_path / "core").mkdir()
     shutil.copy(ROOT / "core" / "config.py", tmp_path / "core" / "config.py")
     load = tmp_path / "docs" / "bench" / "load.md"
-    edited = load.read_text().replace("| batched | 1 | 7.6 |", "| batched | 1 | 9.9 |")
+    # the batched N=1 row's tokens/s, whatever the recorded run measured
+    edited = re.sub(r"(\| batched \| 1 \| )[0-9.]+", r"\g<1>999.9", load.read_text(), count=1)
     assert edited != load.read_text()
     load.write_text(edited)  # one cell edited by hand
     monkeypatch.setattr(docs_pages, "ROOT", tmp_path)
