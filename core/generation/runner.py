@@ -18,7 +18,7 @@ import torch
 
 from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model.arch import SLIDING, ModelSupport
-from kvboost_rag.core.model.attention import cached_tail, runs_sdpa
+from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
 
 
 class Runner:
@@ -52,7 +52,7 @@ class Runner:
         )
         write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
         tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
-        with self.slots.forward(write) as cache, tail:
+        with self.slots.forward(write) as cache, tail, engine_forwards():
             out = self.model(
                 input_ids=ids,
                 position_ids=position_ids,

@@ -55,3 +55,57 @@ def test_eager_models_are_left_alone(tokenizer) -> None:
     engine.warm("A long system prompt about depots and crates. " * 3)
     result = engine.generate("A long system prompt about depots and crates. " * 3 + "Q?")
     assert result.reused_tokens > 0 and model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
+@pytest.mark.parametrize(("heads", "kv_heads", "rows"), [(4, 4, 1), (6, 2, 1), (6, 2, 3)])
+def test_single_query_attention_equals_sdpa(
+    mask_kind: str | None, heads: int, kv_heads: int, rows: int
+) -> None:
+    """The engine's decoding steps take ``single_query_attention``: what transformers' SDPA
+    computes for the same query, keys, values and mask (GQA heads included)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvboost_rag.core.model.attention import single_query_attention
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(rows, heads, 1, 16, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, 37, 16, generator=generator) for _ in range(2))
+    allowed = torch.rand(rows, 1, 1, 37, generator=generator) > 0.3
+    allowed[..., -1] = True  # every row sees its own position
+    mask = {
+        None: None,
+        "bool": allowed,
+        "additive": torch.zeros(allowed.shape).masked_fill(
+            ~allowed, torch.finfo(torch.float32).min
+        ),
+    }[mask_kind]
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv_heads  # type: ignore[assignment]
+    module.is_causal = True  # type: ignore[assignment]
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    got = single_query_attention(module, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_single_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
+    """Only the engine's own forwards take the single-query form."""
+    from kvboost_rag.core.model import attention as attention_module
+
+    model = make_model("llama")
+    assert install(model)
+    calls = []
+    original = attention_module.single_query_attention
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "single_query_attention", counting)
+    ids = torch.randint(3, 90, (1, 10))
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=3, do_sample=False)
+        assert not calls
+        with attention_module.engine_forwards():
+            model.generate(ids, max_new_tokens=3, do_sample=False)
+        assert calls

@@ -9,6 +9,7 @@ from kvboost_rag.bench.common.chart import save
 from kvboost_rag.bench.common.metrics import median
 
 BASE = "generate"
+KINDS = ("extractive", "open-ended")
 NOTES = [
     "tokens/s: generated tokens over the wall time from the first request's start to the "
     "last one's end, per batch (median over batches); x: over generate's.",
@@ -23,7 +24,11 @@ def _tokens(request: dict[str, Any]) -> int:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keys = list(dict.fromkeys((r["length"], r["kind"], r["level"], r["system"]) for r in runs))
+    # the peers' runs come after the engines': every system of a cell in one block
+    keys = sorted(
+        dict.fromkeys((r["length"], r["kind"], r["level"], r["system"]) for r in runs),
+        key=lambda k: (k[0], KINDS.index(k[1]) if k[1] in KINDS else len(KINDS), k[2]),
+    )
     base_ids = {
         (r["length"], r["kind"], r["level"], r["batch"]): [q.get("ids") for q in r["requests"]]
         for r in runs
