@@ -76,8 +76,9 @@ class RequestPath:
         stream: Callable[[Request], object] | None = None,
     ) -> Request:
         """Look up what the caches hold for ``prompt``, plan on it and hand the request to
-        the model's executor. ``feed``: a logits-only request (tokens fed after the
-        prompt). ``stream`` attaches a stream's hand-offs before the executor runs it."""
+        the model's executor: without ``stream``, return once it has ended (``wait``
+        gives its result). ``feed``: a logits-only request (tokens fed after the prompt).
+        ``stream`` attaches a stream's hand-offs before the executor runs it."""
         timings = Timings(tokenize_ms=(time.perf_counter() - start) * 1e3)
         with timings.stage("lookup"):
             lookup = self.caches.look_up(prompt)
@@ -105,9 +106,11 @@ class RequestPath:
         drafts = self.config.draft_length(self.handle.device) if drafts is None else drafts
         if drafts and feed is None:
             request.drafter = PromptLookup(prompt.tokens, drafts)
-        if stream is not None:
+        if stream is None:  # the caller waits for the answer: it may run the loop itself
+            self.handle.executor.run(request)
+        else:
             stream(request)
-        self.handle.executor.submit(request)
+            self.handle.executor.submit(request)
         return request
 
     def _sampler(

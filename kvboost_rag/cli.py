@@ -56,6 +56,7 @@ BENCHES = {
     "load": "load.run",
     "rag": "rag.run",
     "remote": "remote.run",
+    "step": "decode.step",
     "warm": "warm.run",
 }
 
@@ -229,7 +230,7 @@ def parser() -> ArgumentParser:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|warm ...: "
+        "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|step|warm ...: "
         "one workload",
     )
     _warm_parser(sub)

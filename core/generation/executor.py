@@ -17,6 +17,17 @@ serves every batch size: a batch of one is a batch whose forward needs no mask.
 
 Requests decode together only while every one's engine allows the batch
 (``KVBoostConfig.max_batch_size``); with 1 the loop serves one request at a time.
+
+Which thread runs the loop: a caller that blocks on its answer (``serve``) runs it itself
+when no other thread does, until its request ends; otherwise (streams, a loop already
+running, work left when that caller's request ends) a background thread does. On a CPU the
+thread matters: torch's OpenMP runtime gives each thread that runs parallel work a pool of
+its own, and once more pool threads exist than cores (the caller's pool from loading the
+model, plus the loop thread's), its workers stop spinning between parallel regions and
+sleep, so each of a decoding step's hundreds of small regions pays a wake-up. Measured on
+SmolLM2-135M (bf16, 2 cores): a decoding step took 60 ms on the thread that loaded the
+model and 130-150 ms on a new thread, 83 ms there with one OpenMP thread. Run on the
+caller's thread, the engine's forwards run where ``model.generate`` would.
 """
 
 from __future__ import annotations
@@ -112,7 +123,9 @@ class Executor:
         self._jobs: deque[Job] = deque()  # callers wait for these: one per turn
         self._background: deque[Job] = deque()  # nobody waits: only when nothing else runs
         self._rows: list[Request] = []  # by row: the running ones first, then building ones
-        self._thread: threading.Thread | None = None
+        self._runner: threading.Thread | None = None  # the thread running the loop
+        self._thread: threading.Thread | None = None  # the background thread, while it lives
+        self._idle = False  # the background thread is waiting for work (a caller may lead)
         self._closing = False
         self._steps = self._stepped_rows = self._peak = 0
         self._seconds = 0.0
@@ -122,14 +135,39 @@ class Executor:
     # -- the callers' side -------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
+        """Queue ``request`` for the loop (run by a background thread unless a caller runs
+        it); its ``done`` is set when it ends."""
         request.submitted_at = time.perf_counter()
         with self._changed:
             self._waiting.append(request)
             self._wake()
 
+    def run(self, request: Request) -> None:
+        """Queue ``request`` and return once it has ended. The calling thread runs the loop
+        meanwhile when no other thread is running it (an idle background thread hands it
+        over); when its request ends with work left, a background thread takes over."""
+        request.submitted_at = time.perf_counter()
+        me = threading.current_thread()
+        with self._changed:
+            self._waiting.append(request)
+            lead = self._runner is None or (self._runner is self._thread and self._idle)
+            if lead:
+                self._runner = me  # an idle background thread sees this and ends
+            self._changed.notify_all()
+        if not lead:
+            request.done.wait()
+            return
+        try:
+            while not request.done.is_set():
+                self._run_turn()
+        finally:
+            with self._changed:
+                self._runner = None
+                self._wake()  # the rest, or the background thread's idle wait and cleanup
+
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the loop's thread between turns (inline when already on it)."""
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._runner:
             return fn()
         job = Job(fn)
         with self._changed:
@@ -158,33 +196,52 @@ class Executor:
         return BatchStats(self._steps, self._stepped_rows, self._peak, self._seconds)
 
     def _wake(self) -> None:
-        """Under ``_changed``: start the loop's thread if it is not running."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kvboost-executor")
-            self._thread.daemon = True
+        """Under ``_changed``: start the background thread if no thread runs the loop."""
+        if self._runner is None and self._thread is None:
+            self._thread = self._runner = threading.Thread(
+                target=self._loop, name="kvboost-executor", daemon=True
+            )
             self._thread.start()
         self._changed.notify_all()
 
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
+        """The background thread's body."""
         while self._work_ready():
-            try:
-                with torch.inference_mode():
-                    self._turn()
-            except BaseException as error:  # the batch could not be kept: fail its requests
-                for request in list(self._rows):
-                    self._fail(request, error)
+            self._run_turn()
+
+    def _run_turn(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._turn()
+        except BaseException as error:  # the batch could not be kept: fail its requests
+            for request in list(self._rows):
+                self._fail(request, error)
 
     def _work_ready(self) -> bool:
-        """Wait for work; False (the thread ends) after ``IDLE_SECONDS`` without any."""
+        """On the background thread: wait for work; False (the thread ends) once a caller
+        runs the loop, or after ``IDLE_SECONDS`` without work (the rows are freed)."""
+        me = threading.current_thread()
         with self._changed:
-            while not self._pending():
-                if self._closing or (not self._changed.wait(IDLE_SECONDS) and not self._pending()):
+            while True:
+                if self._runner is None:  # a caller left the loop: take it back
+                    self._runner = me
+                if self._runner is not me:
                     self._thread = None
-                    self.slots.clear()
                     return False
-            return True
+                if self._pending():
+                    return True
+                if self._closing:
+                    break
+                self._idle = True
+                woken = self._changed.wait(IDLE_SECONDS)
+                self._idle = False
+                if not woken and self._runner is me and not self._pending():
+                    break
+            self._runner = self._thread = None
+            self.slots.clear()
+            return False
 
     def _pending(self) -> bool:
         return bool(self._rows or self._waiting or self._jobs or self._background)

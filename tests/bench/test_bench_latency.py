@@ -44,6 +44,7 @@ def test_decode_report_counts_what_each_system_generated(tmp_path) -> None:
     report = run("decode", tmp_path)
     assert report["peers_run"] == {"llama.cpp": False, "vLLM-CPU": False}
     names = {"ours", "ours, no drafts", "generate", "generate + prompt lookup"}
+    names |= {"ours, warm balanced", "ours, warm fast"}
     assert {s["system"] for s in report["summary"]} == names
     for run_ in report["runs"]:
         assert len(run_["requests"]) == run_["level"]
@@ -54,3 +55,19 @@ def test_decode_report_counts_what_each_system_generated(tmp_path) -> None:
         # a padded batch of generate's computes in another order)
         if line["system"] in ("ours", "ours, no drafts") and line["level"] == 1:
             assert line["same"] == line["compared"] == line["requests"]
+
+
+def test_step_report_times_each_part_and_compares_the_attentions(tmp_path) -> None:
+    command = [sys.executable, "-m", "kvboost_rag.cli", "bench", "step", "--rows", "1,2"]
+    command += ["--keys", "64", "--dtype", "float32", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "step-float32.json").read_text())
+    assert {(r["part"].split(",")[0], r["rows"]) for r in report["rows"]} == {
+        (part, rows) for part in ("MLPs", "attention") for rows in (1, 2)
+    }
+    assert all(r["ms"] > 0 for r in report["rows"])
+    for row in report["rows"]:
+        if "max_diff" in row:  # the engine's single-query attention computes SDPA's result
+            assert row["max_diff"] < 1e-5
+    assert "single_query_attention" in (tmp_path / "step-float32.txt").read_text()

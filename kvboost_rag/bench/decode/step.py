@@ -1,0 +1,151 @@
+"""What one decoding step's parts cost, and whether compiling them pays.
+
+    kvboost-rag bench step [--model M] [--dtype D] [--keys 900] [--rows 1,8] [--out DIR]
+
+On the loaded model's own modules, one token per row:
+
+- the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
+  into the graph, the form it prepacks for oneDNN), with the compile time;
+- the attention of every layer over ``--keys`` cached keys: transformers' SDPA path (torch's
+  CPU flash kernel; with a mask at several rows, as the executor's batched steps pass one)
+  and the engine's ``single_query_attention``, with the largest difference between them.
+
+Prints the table and writes ``step-<dtype>.json``. The decode benchmark
+(``bench decode``) measures whole answers; this one says where a step's time goes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvboost_rag import KVBoost
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
+from kvboost_rag.bench.common.baseline import write_report
+from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.core.model.arch import model_support
+from kvboost_rag.core.model.attention import single_query_attention
+
+
+def timed(fn: Callable[[], object], repeats: int = 30) -> float:
+    """Median milliseconds of ``fn`` (after warm-up calls)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
+    import torch._inductor.config as inductor
+
+    mlps = [layer.mlp for layer in model_support(model).layers]
+    hidden = torch.randn(rows, 1, model.config.hidden_size, dtype=model.dtype)
+    eager = timed(lambda: [m(hidden) for m in mlps])
+    inductor.freezing = True
+    torch._dynamo.config.cache_size_limit = max(64, len(mlps) + 8)
+    torch._dynamo.config.recompile_limit = max(64, len(mlps) + 8)
+    start = time.perf_counter()
+    compiled = [torch.compile(m) for m in mlps]
+    for m in compiled:
+        m(hidden)
+    seconds = time.perf_counter() - start
+    fast = timed(lambda: [m(hidden) for m in compiled])
+    return [
+        {"part": f"MLPs, {len(mlps)} layers, eager", "rows": rows, "ms": eager},
+        {
+            "part": f"MLPs, {len(mlps)} layers, torch.compile (freezing)",
+            "rows": rows,
+            "ms": fast,
+            "compile_s": seconds,
+        },
+    ]
+
+
+def attention_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    support = model_support(model)
+    modules = support.attention
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    query = torch.randn(rows, heads, 1, dim, dtype=model.dtype)
+    key, value = (torch.randn(rows, kv_heads, keys, dim, dtype=model.dtype) for _ in range(2))
+    mask = torch.ones(rows, 1, 1, keys, dtype=torch.bool) if rows > 1 else None
+    scale = dim**-0.5
+    sdpa = timed(
+        lambda: [sdpa_attention_forward(m, query, key, value, mask, scaling=scale) for m in modules]
+    )
+    ours = timed(
+        lambda: [single_query_attention(m, query, key, value, mask, scale) for m in modules]
+    )
+    want = sdpa_attention_forward(modules[0], query, key, value, mask, scaling=scale)[0]
+    got = single_query_attention(modules[0], query, key, value, mask, scale)
+    diff = float((want.float() - got.float()).abs().max())
+    name = f"attention, {len(modules)} layers, 1 query over {keys} keys"
+    return [
+        {"part": f"{name}: SDPA (CPU flash)", "rows": rows, "ms": sdpa},
+        {"part": f"{name}: single_query_attention", "rows": rows, "ms": ours, "max_diff": diff},
+    ]
+
+
+def table(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        f"{report['model']} {m['dtype']} on {m['cpu']} ({m['threads']} threads), "
+        f"torch {m['torch']}",
+        f"command: {report['command']}",
+        f"{'part':<72}{'rows':>5}{'ms':>9}  note",
+    ]
+    for row in report["rows"]:
+        note = ""
+        if "compile_s" in row:
+            note = f"compiled in {row['compile_s']:.0f} s"
+        if "max_diff" in row:
+            note = f"max |diff| from SDPA {row['max_diff']:.1e}"
+        lines.append(f"{row['part']:<72}{row['rows']:>5}{row['ms']:>9.2f}  {note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    parser = ArgumentParser(prog="kvboost-rag bench step", description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", type=dtype_name, default=None)
+    parser.add_argument("--keys", type=positive, default=900)
+    parser.add_argument("--rows", type=positive_list, default=[1, 8])
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    rows: list[dict[str, Any]] = []
+    with torch.inference_mode():
+        for count in args.rows:
+            rows += attention_rows(base.model, count, args.keys)
+        for count in args.rows:
+            rows += mlp_rows(base.model, count)
+    command = sys.argv[1:] if argv is None else list(argv)
+    report = {
+        "command": "kvboost-rag bench step " + " ".join(command),
+        "model": args.model,
+        "machine": machine(base),
+        "rows": rows,
+    }
+    text = table(report)
+    print(text)
+    write_report(args.out, f"step-{report['machine']['dtype']}.json", report)
+    (args.out / f"step-{report['machine']['dtype']}.txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
