@@ -212,6 +212,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     ),
     "decode-bfloat16.txt": (("docs/bench/decode.md",), text_file("decode-bfloat16.txt")),
     "step-bfloat16.txt": (("docs/bench/decode.md",), text_file("step-bfloat16.txt")),
+    "decode-concurrent-bfloat16.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-concurrent-bfloat16.txt"),
+    ),
     "exactness.txt": (("docs/bench/fidelity.md",), text_file("exactness.txt")),
     "agent.json langchain": (("docs/bench/agents.md",), agent("langchain")),
     "agent.json llamaindex": (("docs/bench/agents.md",), agent("llamaindex")),
