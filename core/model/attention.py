@@ -9,14 +9,15 @@ prefix was not worth reusing. Split in two, the same attention needs no mask: th
 tokens over the cached prefix (every key visible) and over themselves (the causal square,
 SDPA's fast path), merged by their log-sum-exp, exactly the softmax over both.
 
-A decoding step is one query per row, and there the CPU flash kernel is the slow choice:
-it blocks over queries, so one query row leaves it little to parallelize, and SmolLM2's 30
-layers spent 16 ms per step in it over ~900 keys (127 ms at 8 rows with their mask), against
-6 ms (17 ms) for the same attention as two matrix products per key-value head in float32
-(measured on a 2-core AMD EPYC, bf16). The engine's single-query forwards
-(``engine_forwards``) take that form (``single_query_attention``): scores, softmax and
-weighted sum in float32, the query heads of a group sharing their key-value head without
-copying it.
+A decoding step of one request is one query, and there the CPU flash kernel is the slow
+choice: it blocks over queries and batch rows, so a single query leaves it little to
+parallelize. SmolLM2's 30 layers spent 17 ms per step in it over 900 keys, against 4 ms for
+the same attention as two matrix products per key-value head in float32; with 8 rows the
+kernel has work to share out and the two are even (26 and 28 ms), so it keeps them
+(``kvboost-rag bench step``, 2-core AMD EPYC, bf16). The engine's own one-row, one-query
+forwards (``engine_forwards``) take that form (``single_query_attention``): scores, softmax
+and weighted sum in float32, the query heads of a group sharing their key-value head
+without copying it.
 
 Registered as ``kvboost_sdpa`` (``install``): for any forward the engine does not mark
 (``cached_tail``, ``engine_forwards``), and for layers it cannot split (a sliding window
@@ -202,9 +203,9 @@ def split_attention(
 
 
 def _single_query(query: torch.Tensor, dropout: float, kwargs: dict[str, Any]) -> bool:
-    # attention sinks (``s_aux``) and dropout stay with transformers' own function
+    # one row, one query; attention sinks (``s_aux``) and dropout stay with transformers'
     return (
-        query.shape[2] == 1
+        query.shape[0] == query.shape[2] == 1
         and query.device.type == "cpu"
         and not dropout
         and not kwargs.get("s_aux")
