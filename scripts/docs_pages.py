@@ -210,6 +210,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/fidelity.md",),
         text_file("front-repair-bfloat16.txt"),
     ),
+    "front-repair-gemma3-270m-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-repair-gemma3-270m-float32.txt"),
+    ),
     "decode-bfloat16.txt": (("docs/bench/decode.md",), text_file("decode-bfloat16.txt")),
     "step-bfloat16.txt": (("docs/bench/decode.md",), text_file("step-bfloat16.txt")),
     "decode-concurrent-bfloat16.txt": (
