@@ -18,7 +18,7 @@ serves every batch size: a batch of one is a batch whose forward needs no mask.
 Requests decode together only while every one's engine allows the batch
 (``KVBoostConfig.max_batch_size``); with 1 the loop serves one request at a time.
 
-Which thread runs the loop: a caller that blocks on its answer (``serve``) runs it itself
+Which thread runs the loop: a caller that blocks on its answer (``run``) runs it itself
 when no other thread does, until its request ends; otherwise (streams, a loop already
 running, work left when that caller's request ends) a background thread does. On a CPU the
 thread matters: torch's OpenMP runtime gives each thread that runs parallel work a pool of
@@ -26,7 +26,7 @@ its own, and once more pool threads exist than cores (the caller's pool from loa
 model, plus the loop thread's), its workers stop spinning between parallel regions and
 sleep, so each of a decoding step's hundreds of small regions pays a wake-up. Measured on
 SmolLM2-135M (bf16, 2 cores): a decoding step took 60 ms on the thread that loaded the
-model and 130-150 ms on a new thread, 83 ms there with one OpenMP thread. Run on the
+model and 130-150 ms on a new thread, 69-90 ms there with one OpenMP thread. Run on the
 caller's thread, the engine's forwards run where ``model.generate`` would.
 """
 
