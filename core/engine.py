@@ -302,7 +302,12 @@ class KVBoost:
         self._store.flush()
 
     def clear_cache(self) -> None:
-        """Empty the memory tier; the disk and shared tiers are persistent by design."""
+        """Empty the memory tier; the disk and shared tiers are persistent by design. What
+        finished requests left behind (index updates, encodes deferred after an answer)
+        lands first, so none of it refills the memory tier once it is emptied."""
+        self._caches.indexer.join()
+        self._handle.executor.drain()
+        self._caches.indexer.join()
         self._store.clear()
 
     # -- the request path --------------------------------------------------------------
