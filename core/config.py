@@ -120,6 +120,14 @@ class KVBoostConfig:
     # distribution). 0 turns it off; None: the measured default for the device (8 on CPU),
     # for greedy requests decoding alone. A request's ``draft_tokens=`` overrides it.
     draft_tokens: int | None = None
+    # Forwards of a few tokens per row (batched decoding steps, drafts' verification, a
+    # repair's scattered positions) run their linear layers on weights prepacked for oneDNN
+    # (core/model/packed.py: 1.9x F.linear at 8 rows, 2.8x on the lm_head, measured on a
+    # 2-core CPU), at the cost of one more copy of those weights in memory. None: on a CPU
+    # where packing gives F.linear's result and measures faster on the model's widest layer;
+    # True: wherever it gives F.linear's result; False: never. Requests of engines that
+    # disagree decode together packed only if none said False.
+    packed_weights: bool | None = None
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -163,6 +171,10 @@ class KVBoostConfig:
             raise ValueError(
                 f"draft_tokens must be an int in [0, 64] (0 = no speculation) or None (auto), "
                 f"got {self.draft_tokens!r}"
+            )
+        if self.packed_weights is not None and not isinstance(self.packed_weights, bool):
+            raise ValueError(
+                f"packed_weights must be True, False or None (auto), got {self.packed_weights!r}"
             )
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:

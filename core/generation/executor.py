@@ -331,7 +331,8 @@ class Executor:
             tokens.append([self._token_at(request, p) for p in chunk])
         keep = 1 + (len(plan[0][0].feed or []) if len(plan) == 1 else 0)
         try:
-            logits = self.runner.run_rows(rows, tokens, positions, keep)
+            packed = [r.packed for r, _ in plan]
+            logits = self.runner.run_rows(rows, tokens, positions, keep, packed)
         except BaseException as error:  # the forward failed: every request in it fails
             for request, _ in plan:
                 self._fail(request, error)
@@ -377,7 +378,8 @@ class Executor:
         ]
         keep = max(map(len, tokens))
         try:
-            logits = self.runner.run_rows(list(range(count)), tokens, positions, keep)
+            packed = [r.packed for r in running]
+            logits = self.runner.run_rows(list(range(count)), tokens, positions, keep, packed)
         except BaseException as error:
             for request in running:
                 self._fail(request, error)

@@ -19,6 +19,7 @@ import torch
 from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model.arch import SLIDING, ModelSupport
 from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
+from kvboost_rag.core.model.packed import PackedWeights
 
 
 class Runner:
@@ -30,6 +31,7 @@ class Runner:
         self.slots = slots
         window = support.sliding_window
         self.windows = tuple(window if t == SLIDING else None for t in support.layer_types)
+        self.packed = PackedWeights(model)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -39,9 +41,11 @@ class Runner:
         tokens: Sequence[Sequence[int]],
         positions: Sequence[Sequence[int]],
         keep: int = 1,
+        packed: Sequence[bool | None] = (False,),
     ) -> torch.Tensor:
         """Feed ``tokens[i]`` at ``positions[i]`` (ascending) to row ``rows[i]``; float32
-        logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row."""
+        logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row.
+        ``packed``: the rows' requests' ``packed_weights`` (``_packs`` decides)."""
         width = max(p[-1] for p in positions) + 1
         self.slots.reserve(max(rows) + 1, width)
         contiguous = list(rows) == list(range(rows[0], rows[0] + len(rows)))
@@ -52,7 +56,8 @@ class Runner:
         )
         write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
         tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
-        with self.slots.forward(write) as cache, tail, engine_forwards():
+        linears = self.packed.active() if self._packs(packed, tokens) else nullcontext()
+        with self.slots.forward(write) as cache, tail, engine_forwards(), linears:
             out = self.model(
                 input_ids=ids,
                 position_ids=position_ids,
@@ -66,6 +71,14 @@ class Runner:
         self.forwards += 1
         self.tokens += sum(map(len, tokens))
         return out.logits[:, -keep:].float()
+
+    def _packs(self, wishes: Sequence[bool | None], tokens: Sequence[Sequence[int]]) -> bool:
+        """Whether a forward runs its linear layers packed: two tokens or more (for one, the
+        packed lm_head gains about what the dispatch costs), no row's engine against it,
+        and packing right here (and measured faster, unless a row's engine asked for it)."""
+        if sum(map(len, tokens)) < 2 or False in wishes:
+            return False
+        return self.packed.usable(measured=True not in wishes)
 
     def _layout(
         self,

@@ -63,11 +63,14 @@ def test_step_report_times_each_part_and_compares_the_attentions(tmp_path) -> No
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "step-float32.json").read_text())
-    assert {(r["part"].split(",")[0], r["rows"]) for r in report["rows"]} == {
-        (part, rows) for part in ("MLPs", "attention") for rows in (1, 2)
+    parts = ("MLPs", "attention", "linear layers", "lm_head")
+    assert {(r["part"].split(",")[0].split(":")[0], r["rows"]) for r in report["rows"]} == {
+        (part, rows) for part in parts for rows in (1, 2)
     }
     assert all(r["ms"] > 0 for r in report["rows"])
     for row in report["rows"]:
         if "max_diff" in row:  # the engine's single-query attention computes SDPA's result
             assert row["max_diff"] < 1e-5
+        if "linear_diff" in row:  # and packed linear layers F.linear's
+            assert row["linear_diff"] < 1e-4
     assert "single_query_attention" in (tmp_path / "step-float32.txt").read_text()

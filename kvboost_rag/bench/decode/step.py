@@ -6,6 +6,8 @@ On the loaded model's own modules, one token per row:
 
 - the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
   into the graph, the form it prepacks for oneDNN), with the compile time;
+- every linear layer, and the lm_head, through ``F.linear`` and on weights prepacked for
+  oneDNN (``core/model/packed.py``, what the engine's few-token forwards run);
 - the attention of every layer over ``--keys`` cached keys: transformers' SDPA path (torch's
   CPU flash kernel; with a mask at several rows, as the executor's batched steps pass one)
   and the engine's ``single_query_attention``, with the largest difference between them.
@@ -70,6 +72,32 @@ def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
     ]
 
 
+def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
+    """Every ``nn.Linear`` of the model (the lm_head apart), through ``F.linear`` and on
+    the weights ``PackedWeights`` prepacks for oneDNN."""
+    from kvboost_rag.core.model.packed import PackedWeights
+
+    packed = PackedWeights(model)
+    if not packed.usable(measured=False):
+        return []
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    head = max(linears, key=lambda m: m.weight.numel())
+    layers = [m for m in linears if m is not head]
+    out = []
+    for name, group in ((f"linear layers, {len(layers)} of them", layers), ("lm_head", [head])):
+        inputs = [torch.randn(rows, 1, m.in_features, dtype=model.dtype) for m in group]
+        eager = timed(lambda: [m(x) for m, x in zip(group, inputs)])
+        with packed.active():
+            fast = timed(lambda: [m(x) for m, x in zip(group, inputs)])
+            got = group[0](inputs[0])
+        diff = float((got - group[0](inputs[0])).abs().max())
+        out += [
+            {"part": f"{name}: F.linear", "rows": rows, "ms": eager},
+            {"part": f"{name}: packed for oneDNN", "rows": rows, "ms": fast, "linear_diff": diff},
+        ]
+    return out
+
+
 def attention_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -112,6 +140,8 @@ def table(report: dict[str, Any]) -> str:
             note = f"compiled in {row['compile_s']:.0f} s"
         if "max_diff" in row:
             note = f"max |diff| from SDPA {row['max_diff']:.1e}"
+        if "linear_diff" in row:
+            note = f"max |diff| from F.linear {row['linear_diff']:.1e}"
         lines.append(f"{row['part']:<72}{row['rows']:>5}{row['ms']:>9.2f}  {note}")
     return "\n".join(lines)
 
@@ -132,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         for count in args.rows:
             rows += attention_rows(base.model, count, args.keys)
+        for count in args.rows:
+            rows += linear_rows(base.model, count)
         for count in args.rows:
             rows += mlp_rows(base.model, count)
     command = sys.argv[1:] if argv is None else list(argv)

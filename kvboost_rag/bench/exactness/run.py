@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import sys
 import time
@@ -84,7 +85,7 @@ def measure(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         tokens = engine.tokenize_chat(messages)
         prompts.append(tokens)
-        full = full_prefill(model, lambda tokens=tokens: tokens, args.new_tokens).token_ids
+        full = full_prefill(model, functools.partial(list, tokens), args.new_tokens).token_ids
         cold = engine.chat(messages, max_new_tokens=args.new_tokens)
         again = engine.chat(messages, max_new_tokens=args.new_tokens)
         rows.append(

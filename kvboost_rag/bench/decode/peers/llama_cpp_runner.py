@@ -34,7 +34,7 @@ def answer(llm: Llama, prompts: list[str], max_tokens: int) -> list[dict]:
             if count >= max_tokens:
                 break
         end = time.perf_counter()
-        ttft, ttlt = (first - start) * 1e3, (end - start) * 1e3
+        ttft, ttlt = ((first or end) - start) * 1e3, (end - start) * 1e3
         out.append({"start": start, "ttft": ttft, "ttlt": ttlt, "ids": None, "tokens": count})
     return out
 
