@@ -120,14 +120,13 @@ class KVBoostConfig:
     # distribution). 0 turns it off; None: the measured default for the device (8 on CPU),
     # for greedy requests decoding alone. A request's ``draft_tokens=`` overrides it.
     draft_tokens: int | None = None
-    # Forwards of a few tokens per row (batched decoding steps, drafts' verification, a
-    # repair's scattered positions) run their linear layers on weights prepacked for oneDNN
-    # (core/model/packed.py: 1.9x F.linear at 8 rows, 2.8x on the lm_head, measured on a
-    # 2-core CPU), at the cost of one more copy of those weights in memory. None: on a CPU
-    # where packing gives F.linear's result and measures faster on the model's widest layer;
-    # True: wherever it gives F.linear's result; False: never. Requests of engines that
-    # disagree decode together packed only if none said False.
-    packed_weights: bool | None = None
+    # The engine's forwards apply the lm_head on its weight prepacked for oneDNN
+    # (core/model/packed.py: 10.4 against 27.4 ms at 8 rows on SmolLM2, 2-core CPU, fp32),
+    # at the cost of one more copy of the head in memory. None: on a CPU where the decoder
+    # plus the packed head give the model's own logits and the head measures faster; True:
+    # wherever they give its logits; False: never. Requests of engines that disagree
+    # decode together packed only if none said False.
+    packed_head: bool | None = None
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -172,9 +171,9 @@ class KVBoostConfig:
                 f"draft_tokens must be an int in [0, 64] (0 = no speculation) or None (auto), "
                 f"got {self.draft_tokens!r}"
             )
-        if self.packed_weights is not None and not isinstance(self.packed_weights, bool):
+        if self.packed_head is not None and not isinstance(self.packed_head, bool):
             raise ValueError(
-                f"packed_weights must be True, False or None (auto), got {self.packed_weights!r}"
+                f"packed_head must be True, False or None (auto), got {self.packed_head!r}"
             )
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:

@@ -90,7 +90,7 @@ class RequestPath:
             sampler=self._sampler(prompt, sampling, structure, cancel),
             structure=structure,
             limit=self.batch_size,
-            packed=self.config.packed_weights,
+            packed=self.config.packed_head,
             start=start,
             timings=timings,
             lookup=lookup,

@@ -59,7 +59,7 @@ class Request:
     sampler: Sampler
     structure: Structure  # the answer's form: tool calls are parsed out of the text
     limit: int  # the most requests its engine lets run in one batch
-    packed: bool | None  # its engine's ``packed_weights``
+    packed: bool | None  # its engine's ``packed_head``
     start: float  # perf_counter at the call
     timings: Timings
     lookup: Lookup

@@ -19,7 +19,7 @@ import torch
 from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model.arch import SLIDING, ModelSupport
 from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
-from kvboost_rag.core.model.packed import PackedWeights
+from kvboost_rag.core.model.packed import PackedHead
 
 
 class Runner:
@@ -31,7 +31,7 @@ class Runner:
         self.slots = slots
         window = support.sliding_window
         self.windows = tuple(window if t == SLIDING else None for t in support.layer_types)
-        self.packed = PackedWeights(model)
+        self.head = PackedHead(model)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -45,7 +45,7 @@ class Runner:
     ) -> torch.Tensor:
         """Feed ``tokens[i]`` at ``positions[i]`` (ascending) to row ``rows[i]``; float32
         logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row.
-        ``packed``: the rows' requests' ``packed_weights`` (``_packs`` decides)."""
+        ``packed``: the rows' requests' ``packed_head`` (``_packs`` decides)."""
         width = max(p[-1] for p in positions) + 1
         self.slots.reserve(max(rows) + 1, width)
         contiguous = list(rows) == list(range(rows[0], rows[0] + len(rows)))
@@ -56,29 +56,26 @@ class Runner:
         )
         write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
         tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
-        linears = self.packed.active() if self._packs(packed, tokens) else nullcontext()
-        with self.slots.forward(write) as cache, tail, engine_forwards(), linears:
-            out = self.model(
-                input_ids=ids,
-                position_ids=position_ids,
-                attention_mask=mask,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=keep,
-            )
+        packed_head = self._packs(packed)
+        with self.slots.forward(write) as cache, tail, engine_forwards():
+            inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
+            inputs |= {"cache": cache, "use_cache": True}
+            if packed_head:
+                logits = self.head.logits(keep, **inputs)
+            else:
+                logits = self.model(**inputs, logits_to_keep=keep).logits
         for row, row_positions in zip(rows, positions):
             self.slots.lengths[row] = max(self.slots.lengths[row], row_positions[-1] + 1)
         self.forwards += 1
         self.tokens += sum(map(len, tokens))
-        return out.logits[:, -keep:].float()
+        return logits[:, -keep:].float()
 
-    def _packs(self, wishes: Sequence[bool | None], tokens: Sequence[Sequence[int]]) -> bool:
-        """Whether a forward runs its linear layers packed: two tokens or more (for one, the
-        packed lm_head gains about what the dispatch costs), no row's engine against it,
-        and packing right here (and measured faster, unless a row's engine asked for it)."""
-        if sum(map(len, tokens)) < 2 or False in wishes:
+    def _packs(self, wishes: Sequence[bool | None]) -> bool:
+        """Whether a forward applies the packed head: no row's engine against it, and the
+        split right here (and measured faster, unless a row's engine asked for it)."""
+        if False in wishes:
             return False
-        return self.packed.usable(measured=True not in wishes)
+        return self.head.usable(measured=True not in wishes)
 
     def _layout(
         self,

@@ -6,8 +6,8 @@ On the loaded model's own modules, one token per row:
 
 - the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
   into the graph, the form it prepacks for oneDNN), with the compile time;
-- every linear layer, and the lm_head, through ``F.linear`` and on weights prepacked for
-  oneDNN (``core/model/packed.py``, what the engine's few-token forwards run);
+- the decoder layers' linear layers, and the lm_head, through ``F.linear`` and on weights
+  prepacked for oneDNN (``core/model/packed.py``: the engine packs the head);
 - the attention of every layer over ``--keys`` cached keys: transformers' SDPA path (torch's
   CPU flash kernel; with a mask at several rows, as the executor's batched steps pass one)
   and the engine's ``single_query_attention``, with the largest difference between them.
@@ -18,6 +18,7 @@ Prints the table and writes ``step-<dtype>.json``. The decode benchmark
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -73,29 +74,37 @@ def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
 
 
 def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
-    """Every ``nn.Linear`` of the model (the lm_head apart), through ``F.linear`` and on
-    the weights ``PackedWeights`` prepacks for oneDNN."""
-    from kvboost_rag.core.model.packed import PackedWeights
+    """The decoder layers' linear layers and the lm_head, through ``F.linear`` and on
+    weights reordered for oneDNN as ``PackedHead`` does (the engine packs only the head:
+    the layers measured no gain, each weight read once per step from memory)."""
+    from kvboost_rag.core.model.packed import _pack, _packed_linear, supported
 
-    packed = PackedWeights(model)
-    if not packed.usable(measured=False):
+    if not supported(model):
         return []
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    head = max(linears, key=lambda m: m.weight.numel())
+    head = model.get_output_embeddings()
     layers = [m for m in linears if m is not head]
     out = []
     for name, group in ((f"linear layers, {len(layers)} of them", layers), ("lm_head", [head])):
         inputs = [torch.randn(rows, 1, m.in_features, dtype=model.dtype) for m in group]
-        eager = timed(lambda: [m(x) for m, x in zip(group, inputs)])
-        with packed.active():
-            fast = timed(lambda: [m(x) for m, x in zip(group, inputs)])
-            got = group[0](inputs[0])
+        packed = [_pack(m.weight) for m in group]
+        calls = list(zip(group, inputs, packed))
+        eager = timed(functools.partial(_run_linears, calls, False))
+        fast = timed(functools.partial(_run_linears, calls, True))
+        got = _packed_linear(inputs[0], packed[0], group[0].bias)
         diff = float((got - group[0](inputs[0])).abs().max())
         out += [
             {"part": f"{name}: F.linear", "rows": rows, "ms": eager},
             {"part": f"{name}: packed for oneDNN", "rows": rows, "ms": fast, "linear_diff": diff},
         ]
     return out
+
+
+def _run_linears(calls: list[tuple[Any, torch.Tensor, torch.Tensor]], packed: bool) -> None:
+    from kvboost_rag.core.model.packed import _packed_linear
+
+    for module, x, weight in calls:
+        _packed_linear(x, weight, module.bias) if packed else module(x)
 
 
 def attention_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
