@@ -47,15 +47,21 @@ def cold() -> list[int]:
 
 
 def same_kv(a: KVBoost, b: KVBoost) -> int:
-    """Assert that every entry both engines hold in memory is bit for bit equal; how many."""
+    """How many entries both engines hold in memory are bit for bit equal; assert that the
+    rest differ by rounding only. An entry an engine encoded itself was computed in its own
+    batch of passages, and on some CPUs (a 2-core AVX2 EPYC) a matrix product rounds by its
+    row count: 2 of 56 such entries differed there, by 1.8e-7."""
     shared = set(a._store.memory._entries) & set(b._store.memory._entries)
+    equal = 0
     for key in shared:
         x, y = a._store.memory._entries[key], b._store.memory._entries[key]
         assert x.tokens == y.tokens
-        assert all(
-            torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(x.kv, y.kv)
-        )
-    return len(shared)
+        pairs = [(k1, k2) for (k1, v1), (k2, v2) in zip(x.kv, y.kv)]
+        pairs += [(v1, v2) for (k1, v1), (k2, v2) in zip(x.kv, y.kv)]
+        for p, q in pairs:
+            torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
+        equal += all(torch.equal(p, q) for p, q in pairs)
+    return equal
 
 
 def test_a_second_engine_serves_the_corpus_from_redis_without_encoding(
@@ -262,7 +268,7 @@ def test_keys_the_server_evicts_are_misses_and_nothing_else(tmp_path: Path) -> N
             reader.flush()  # its writes reach the server before the server stops
         found = sum(r.passages_hit for r in hits)
         assert 0 < found < len(docs) and sum(r.passages_missed for r in hits) == 60 - found
-        assert same_kv(writer, reader) >= found  # every value read was writer's, bit for bit
+        assert same_kv(writer, reader) >= found  # every value read is the writer's, bit for bit
 
 
 def test_values_over_the_servers_limit_are_skipped(tmp_path: Path) -> None:
