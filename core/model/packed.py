@@ -137,15 +137,17 @@ class PackedHead:
             return False, False
         x = torch.randn(PACK_ROWS, head.in_features, dtype=head.weight.dtype, generator=_SEED)
         packed = self._weight(head.weight)
-        packed_s = _time(lambda: _packed_linear(x, packed, head.bias))
-        return True, packed_s < _time(lambda: F.linear(x, head.weight, head.bias))
+        packed_s = median_seconds(lambda: _packed_linear(x, packed, head.bias))
+        return True, packed_s < median_seconds(lambda: F.linear(x, head.weight, head.bias))
 
 
 _SEED = torch.Generator().manual_seed(0)
 
 
-def _time(fn: Any, repeats: int = 5) -> float:
-    fn()
+def median_seconds(fn: Any, repeats: int = 5, warmups: int = 1) -> float:
+    """The median wall time of ``fn`` over ``repeats`` calls, after ``warmups`` calls."""
+    for _ in range(warmups):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

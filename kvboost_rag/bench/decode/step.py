@@ -33,18 +33,12 @@ from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import single_query_attention
+from kvboost_rag.core.model.packed import median_seconds
 
 
 def timed(fn: Callable[[], object], repeats: int = 30) -> float:
     """Median milliseconds of ``fn`` (after warm-up calls)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return median_seconds(fn, repeats, warmups=3) * 1e3
 
 
 def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
