@@ -130,6 +130,7 @@ class Executor:
         self._steps = self._stepped_rows = self._peak = 0
         self._seconds = 0.0
         self._fill_rows = FILL_ROWS.get(torch.device(model.device).type)
+        self._warmed = False
         _LIVE.add(self)
 
     # -- the callers' side -------------------------------------------------------------
@@ -184,6 +185,15 @@ class Executor:
             self._background.append(job)
             self._wake()
         return job
+
+    def warm_up(self, packed: bool | None) -> None:
+        """Once per executor (the first engine on its model): run ``Runner.warm_up`` on
+        the loop's thread, in a row no request holds, so no request pays first-use costs."""
+        with self._changed:
+            if self._warmed:
+                return
+            self._warmed = True
+        self.call(lambda: self.runner.warm_up(len(self._rows), packed))
 
     def drain(self) -> None:
         """Wait until every job queued so far (deferred ones too) has run."""

@@ -206,12 +206,13 @@ class SlotCache(Cache):
         return [(k.clone(), v.clone()) for k, v in self.views(row, start, end)]
 
     def move_row(self, source: int, target: int) -> None:
-        """Move ``source``'s KV into ``target`` (whose KV is dropped)."""
+        """Move ``source``'s KV into ``target`` (whose KV is dropped). A row the buffers
+        never grew to (its request failed before any KV was written) holds nothing."""
         if source == target:
             return
         length = self.lengths[source]
         for layer in self.slot_layers:
-            if layer.buffers is not None:
+            if layer.buffers is not None and max(source, target) < layer.buffers[0].shape[0]:
                 for buffer in layer.buffers:
                     buffer[target, :, :length] = buffer[source, :, :length]
         self.lengths[target], self.lengths[source] = length, 0
@@ -221,7 +222,7 @@ class SlotCache(Cache):
         if a == b:
             return
         for layer in self.slot_layers:
-            if layer.buffers is not None:
+            if layer.buffers is not None and max(a, b) < layer.buffers[0].shape[0]:
                 for buffer in layer.buffers:
                     buffer[[a, b]] = buffer[[b, a]]
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]

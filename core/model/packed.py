@@ -19,8 +19,9 @@ compile per model and shape.
 
 How: the runner runs the model's decoder (``get_decoder()``) and applies the packed head
 itself to the rows it keeps, so the model is not modified and a user's own calls are
-untouched. On first use the head is packed and the split is checked: the decoder plus the
-packed head must give the model's own logits on a probe. A model that does more to its
+untouched. The first engine on a model packs the head and checks the split when it is
+made (``Runner.warm_up``), so no request pays for it: the decoder plus the packed head must
+give the model's own logits on a probe. A model that does more to its
 logits (Gemma 2's soft-capping, a logit scale) fails the check and keeps its forward. A head
 weight changed after packing (an in-place update bumps its version, a reassigned ``.data``
 moves its storage) is packed again before use. The packed copy costs one more copy of the
@@ -137,8 +138,9 @@ class PackedHead:
             return False, False
         x = torch.randn(PACK_ROWS, head.in_features, dtype=head.weight.dtype, generator=_SEED)
         packed = self._weight(head.weight)
-        packed_s = median_seconds(lambda: _packed_linear(x, packed, head.bias))
-        return True, packed_s < median_seconds(lambda: F.linear(x, head.weight, head.bias))
+        packed_s = median_seconds(lambda: _packed_linear(x, packed, head.bias), repeats=3)
+        plain_s = median_seconds(lambda: F.linear(x, head.weight, head.bias), repeats=3)
+        return True, packed_s < plain_s
 
 
 _SEED = torch.Generator().manual_seed(0)
