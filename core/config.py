@@ -64,6 +64,10 @@ class KVBoostConfig:
     # Share of reused passage tokens recomputed by the "deviation", "query" and "passage"
     # strategies; None takes the fidelity level's default.
     recompute_ratio: float | None = None
+    # "query" only: an adaptive ratio. Recompute the fewest top tokens holding this share of
+    # the attention the question pays to reused tokens, at most ``recompute_ratio`` of
+    # them; None recomputes ``recompute_ratio`` always.
+    recompute_mass: float | None = None
     # Leading tokens of each reused passage recomputed by the "edges" strategy.
     edge_tokens: int | None = None
     # Decoder layers the "deviation" / "query" strategies run to choose tokens; None takes
@@ -151,6 +155,13 @@ class KVBoostConfig:
             raise ValueError(f"edge_tokens must be >= 0, got {self.edge_tokens}")
         if self.max_disk_bytes < 0:
             raise ValueError(f"max_disk_bytes must be >= 0, got {self.max_disk_bytes}")
+        if self.recompute_mass is not None and not 0.0 < self.recompute_mass <= 1.0:
+            raise ValueError(f"recompute_mass must be in (0, 1], got {self.recompute_mass}")
+        if self.recompute_mass is not None and self._strategy() != "query":
+            raise ValueError(
+                f"recompute_mass applies to the 'query' repair only; this config repairs with "
+                f"{self._strategy()!r} (set repair='query', or fidelity='balanced')"
+            )
         if self.probe_layers is not None and self.probe_layers < 1:
             raise ValueError(f"probe_layers must be >= 1, got {self.probe_layers}")
         if self.max_batch_size is not None and (
@@ -196,6 +207,12 @@ class KVBoostConfig:
             return self.draft_tokens
         return DEFAULT_DRAFT_TOKENS.get(device.type, 0)
 
+    def _strategy(self) -> str | None:
+        """The repair strategy this config runs; None at fidelity "exact"."""
+        if self.fidelity == "exact":
+            return None
+        return self.repair or FIDELITY_REPAIR[self.fidelity].strategy
+
     def repair_settings(self) -> RepairSettings | None:
         """The repair to run for reused passages; None in "exact" fidelity."""
         if self.fidelity == "exact":
@@ -207,6 +224,7 @@ class KVBoostConfig:
             recompute_ratio=_pick(self.recompute_ratio, base.recompute_ratio),
             edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
             probe_layers=_pick(self.probe_layers, base.probe_layers),
+            recompute_mass=_pick(self.recompute_mass, base.recompute_mass),
         )
 
 

@@ -52,6 +52,10 @@ class RepairSettings:
     recompute_ratio: float  # "deviation": share of reused tokens recomputed
     probe_layers: int | None  # "deviation" / "query": decoder layers run to choose tokens
     # (None: deviation 2, query all; capped at the model's depth)
+    # "query": stop choosing once the chosen tokens hold this share of the attention the
+    # question pays to the reused ones (an adaptive ratio, at most ``recompute_ratio``);
+    # None: always ``recompute_ratio``.
+    recompute_mass: float | None = None
 
 
 Strategy = Callable[[RepairPlan, RepairSettings, Any], list[int]]
@@ -98,7 +102,11 @@ def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
         return []
     depth = len(model_support(model).layers)
     score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
-    top = score[torch.tensor(reused, device=score.device)].topk(count).indices
+    values, top = score[torch.tensor(reused, device=score.device)].topk(count)
+    if settings.recompute_mass is not None:
+        total = float(score[torch.tensor(reused, device=score.device)].sum())
+        reached = (values.cumsum(0) < settings.recompute_mass * total).sum()
+        top = top[: int(reached) + 1]
     return [reused[i] for i in top.tolist()]
 
 

@@ -225,6 +225,49 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     assert engine.model.config._attn_implementation == NAME  # restored after the probe
 
 
+@pytest.mark.parametrize("mass", [0.05, 0.3, 1.0])
+def test_query_strategy_with_a_mass_stops_once_the_chosen_hold_it(tokenizer, mass) -> None:
+    """The adaptive ratio: the fewest top tokens whose question attention reaches ``mass``
+    of what the reused tokens get, never more than ``recompute_ratio`` of them."""
+    from kvboost_rag.core.reuse.plan import make_plan
+    from kvboost_rag.core.reuse.repair import (
+        RepairPlan,
+        RepairSettings,
+        choose_query,
+        question_attention,
+    )
+
+    engine = engine_with("llama", tokenizer)
+    prompt = engine._prompts.text(QUESTION, DOCS)
+    n = len(prompt.tokens) - 1
+    cache = engine._reuse.cache
+    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
+    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
+    row = TensorRow(found.kv, n)
+    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
+    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    ratio = 0.5
+    with torch.inference_mode():
+        score = question_attention(engine.model, plan, 3)
+        chosen = choose_query(plan, RepairSettings("query", 0, ratio, None, mass), engine.model)
+    reused = [p for s, e in prompt.passages for p in range(s, e)]
+    ranked = sorted(reused, key=lambda p: -float(score[p]))
+    total = sum(float(score[p]) for p in reused)
+    cap = round(ratio * len(reused))
+    # the fewest leading tokens of the ranking that reach the mass, capped
+    need = next(
+        (
+            k
+            for k in range(1, len(ranked) + 1)
+            if sum(float(score[p]) for p in ranked[:k]) >= mass * total
+        ),
+        len(ranked),
+    )
+    assert len(chosen) == min(need, cap)
+    assert set(chosen) == set(ranked[: len(chosen)])
+    assert (len(chosen) < cap) == (mass < 1.0)  # on a random model the mass is spread
+
+
 def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -> None:
     from kvboost_rag.core.reuse.plan import make_plan
     from kvboost_rag.core.reuse.repair import (
@@ -257,6 +300,18 @@ def test_strategy_registry_lists_choices() -> None:
         get_strategy("magic")
     with pytest.raises(ValueError, match="repair must be one of"):
         KVBoostConfig(repair="magic")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"fidelity": "fast"}, {"fidelity": "exact"}, {"repair": "edges"}, {"repair": "passage"}],
+)
+def test_recompute_mass_is_refused_where_nothing_would_read_it(settings) -> None:
+    with pytest.raises(ValueError, match="recompute_mass applies to the 'query' repair only"):
+        KVBoostConfig(recompute_mass=0.5, **settings)
+    with pytest.raises(ValueError, match=r"recompute_mass must be in \(0, 1\]"):
+        KVBoostConfig(recompute_mass=1.5)
+    assert KVBoostConfig(recompute_mass=0.5).repair_settings().recompute_mass == 0.5
 
 
 def test_passage_keys_depend_on_the_model(tokenizer) -> None:

@@ -23,6 +23,8 @@ class FrontRow(Row):
     foreign: list[int] = field(default_factory=list)  # reused from another prefix's variant
     missed: list[int] = field(default_factory=list)  # not cached
     where: list[str] = field(default_factory=list)  # the answer's passage: first/middle/last
+    computed: list[float] = field(default_factory=list)  # share of the prompt computed
+    probe_ms: list[float] = field(default_factory=list)  # choosing what to repair
 
 
 def ask(engine: KVBoost, prompt: tasks.Prompt, new_tokens: int) -> GenerationResult:
@@ -78,6 +80,8 @@ def measure(
             row.reuse.append(result.kv_reuse_ratio)
             row.foreign.append(result.passages_foreign)
             row.missed.append(result.passages_missed)
+            row.computed.append(result.recomputed_tokens / max(result.prompt_tokens, 1))
+            row.probe_ms.append(result.timings.repair_ms)
     return rows
 
 
@@ -100,6 +104,8 @@ def lines(rows: dict[str, FrontRow]) -> dict[str, dict[str, Any]]:
         line["accuracy_share_pct"] = share
         line["passages_foreign"] = _mean(row.foreign)
         line["passages_missed"] = _mean(row.missed)
+        line["computed_pct"] = 100 * sum(row.computed) / len(row.computed) if row.computed else None
+        line["probe_ms"] = median(row.probe_ms) if row.probe_ms else None
         line["accuracy_by_place_pct"] = {
             place: 100 * _mean([c for c, w in zip(row.correct, row.where) if w == place])  # type: ignore[operator]
             for place in PLACES

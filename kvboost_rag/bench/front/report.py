@@ -26,7 +26,7 @@ def print_cell(cell: dict[str, Any]) -> None:
     print(
         f"{'option':<26}{'TTFT ms':>9}{'p90':>8}{'speedup':>9}{'acc%':>6}{'share%':>7}"
         f"{'greedy%':>8}{'KL':>7}{'top1%':>6}{'foreign':>8}{'missed':>7}"
-        f"{'first/middle/last acc%':>24}"
+        f"{'first/middle/last acc%':>24}{'computed%':>10}{'probe ms':>9}"
     )
     for name, s in cell["systems"].items():
         places = s.get("accuracy_by_place_pct") or {}
@@ -37,6 +37,7 @@ def print_cell(cell: dict[str, Any]) -> None:
             f"{_fmt(s['greedy16_match_pct'], '>8.0f')}{_fmt(s['mean_kl'], '>7.3f')}"
             f"{_fmt(s['top1_agreement_pct'], '>6.0f')}{_fmt(s['passages_foreign'], '>8.2f')}"
             f"{_fmt(s['passages_missed'], '>7.2f')}{by_place:>24}"
+            f"{_fmt(s.get('computed_pct'), '>10.1f')}{_fmt(s.get('probe_ms'), '>9.1f')}"
         )
 
 

@@ -54,6 +54,20 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "prompt+edges k=4": {"repair": "edges", "edge_tokens": 4},
     "prompt+query r=0.15 L=4": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 4},
     "prompt+query r=0.30 L=4": {"repair": "query", "recompute_ratio": 0.30, "probe_layers": 4},
+    "prompt+query r=0.03 L=4": {"repair": "query", "recompute_ratio": 0.03, "probe_layers": 4},
+    "prompt+query r=0.06 L=4": {"repair": "query", "recompute_ratio": 0.06, "probe_layers": 4},
+    "prompt+query m=0.3 r<=0.15 L=8": {
+        "repair": "query",
+        "recompute_ratio": 0.15,
+        "probe_layers": 8,
+        "recompute_mass": 0.3,
+    },
+    "prompt+query m=0.5 r<=0.3 L=8": {
+        "repair": "query",
+        "recompute_ratio": 0.30,
+        "probe_layers": 8,
+        "recompute_mass": 0.5,
+    },
 }
 SYSTEM_SETS = {
     "front": list(OPTIONS),
@@ -73,6 +87,16 @@ SYSTEM_SETS = {
         "prompt+query r=0.15",
         "prompt+query r=0.30",
         "prompt+passage r=0.30",
+    ],
+    # Issue 26's cheap repairs: a small fixed ratio for "fast", and the adaptive ratio
+    # (``recompute_mass``) beside "balanced"'s fixed 15%.
+    "adaptive": [
+        "prompt+none",
+        "prompt+query r=0.03 L=4",
+        "prompt+query r=0.06 L=4",
+        "prompt+query r=0.15 L=8",
+        "prompt+query m=0.3 r<=0.15 L=8",
+        "prompt+query m=0.5 r<=0.3 L=8",
     ],
 }
 # The foreign-prefix scenario: each fidelity level with each prefix_fallback.
@@ -234,7 +258,12 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="the model's dtype (default: the engine's choice, bf16 where the CPU computes it)",
+    )
     parser.add_argument("--systems", choices=sorted(SYSTEM_SETS), default="front")
     parser.add_argument("--quick", action="store_true", help="one query per cell, fewer cells")
     parser.add_argument("--queries", type=positive, help="main-table queries per task")
@@ -265,14 +294,13 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "machine": systems.machine(base),
     }
+    dtype = str(base.model.dtype).removeprefix("torch.")  # what was loaded names the files
     sizes = tuple(args.sizes)
     report |= run(base, plan, args.systems, args.seed, args.positions, sizes)
     report["wall_s"] = time.perf_counter() - start
     # a registered model other than the default names its files; a folder path does not
     model = [] if args.model == "smollm2-135m-instruct" or "/" in args.model else [args.model]
-    stem = "-".join(
-        ["front", *([] if args.systems == "front" else [args.systems]), *model, args.dtype]
-    )
+    stem = "-".join(["front", *([] if args.systems == "front" else [args.systems]), *model, dtype])
     report["chart"] = str(draw_front(report, args.out / f"{stem}.png"))
     write_report(args.out, f"{stem}.json", report)
     print(f"total wall time {report['wall_s']:.0f} s")

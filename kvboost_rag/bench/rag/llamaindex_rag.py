@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from kvboost_rag.integrations.llamaindex import RESPONSE_MODES, KVBoostLLM, KVBoostNodeParser
 
-    engine = KVBoost.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
+    engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)
     llm = KVBoostLLM(engine=engine, max_tokens=args.new_tokens)
     hf_llm = HuggingFaceLLM(
         model=engine.model,
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print_row(mode, row)
     return {
         "model": args.model,
-        "dtype": args.dtype,
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
         "fidelity": engine.config.fidelity,
         "nodes": top_k,
         "passage_max_tokens": args.tokens,
@@ -230,7 +230,12 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m kvboost_rag.bench.rag.llamaindex_rag", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="the model's dtype (default: the engine's choice, bf16 where the CPU computes it)",
+    )
     parser.add_argument("--passages", type=positive, default=4, help="nodes in the index")
     parser.add_argument("--tokens", type=positive, default=160, help="most tokens per essay piece")
     parser.add_argument("--new-tokens", type=positive, default=16)
