@@ -210,6 +210,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/fidelity.md",),
         text_file("front-repair-bfloat16.txt"),
     ),
+    "front-adaptive-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-adaptive-float32.txt"),
+    ),
     "front-repair-gemma3-270m-float32.txt": (
         ("docs/bench/fidelity.md",),
         text_file("front-repair-gemma3-270m-float32.txt"),
