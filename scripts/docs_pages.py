@@ -214,6 +214,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/fidelity.md",),
         text_file("front-adaptive-float32.txt"),
     ),
+    "front-adaptive-gemma3-270m-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-adaptive-gemma3-270m-float32.txt"),
+    ),
     "front-repair-gemma3-270m-float32.txt": (
         ("docs/bench/fidelity.md",),
         text_file("front-repair-gemma3-270m-float32.txt"),
