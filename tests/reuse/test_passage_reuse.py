@@ -197,16 +197,12 @@ def test_model_without_rope_falls_back_to_exact_reuse(tokenizer) -> None:
     assert result.passages_missed == 0
 
 
-def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
+def assembled(engine: KVBoost):
+    """QUESTION over DOCS, every passage cached after the prompt's prefix and assembled
+    unrepaired: the prompt and the ``RepairPlan`` a strategy sees."""
     from kvboost_rag.core.reuse.plan import make_plan
-    from kvboost_rag.core.reuse.repair import (
-        RepairPlan,
-        RepairSettings,
-        choose_query,
-        question_attention,
-    )
+    from kvboost_rag.core.reuse.repair import RepairPlan
 
-    engine = engine_with("llama", tokenizer)
     prompt = engine._prompts.text(QUESTION, DOCS)
     n = len(prompt.tokens) - 1
     cache = engine._reuse.cache
@@ -215,6 +211,18 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     row = TensorRow(found.kv, n)
     engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
     plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    return prompt, plan
+
+
+def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
+    from kvboost_rag.core.reuse.repair import (
+        RepairSettings,
+        choose_query,
+        question_attention,
+    )
+
+    engine = engine_with("llama", tokenizer)
+    prompt, plan = assembled(engine)
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
         chosen = choose_query(plan, RepairSettings("query", 0, 0.1, None), engine.model)
@@ -229,23 +237,14 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
 def test_query_strategy_with_a_mass_stops_once_the_chosen_hold_it(tokenizer, mass) -> None:
     """The adaptive ratio: the fewest top tokens whose question attention reaches ``mass``
     of what the reused tokens get, never more than ``recompute_ratio`` of them."""
-    from kvboost_rag.core.reuse.plan import make_plan
     from kvboost_rag.core.reuse.repair import (
-        RepairPlan,
         RepairSettings,
         choose_query,
         question_attention,
     )
 
     engine = engine_with("llama", tokenizer)
-    prompt = engine._prompts.text(QUESTION, DOCS)
-    n = len(prompt.tokens) - 1
-    cache = engine._reuse.cache
-    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
-    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
-    row = TensorRow(found.kv, n)
-    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
-    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    prompt, plan = assembled(engine)
     ratio = 0.5
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
@@ -269,23 +268,14 @@ def test_query_strategy_with_a_mass_stops_once_the_chosen_hold_it(tokenizer, mas
 
 
 def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -> None:
-    from kvboost_rag.core.reuse.plan import make_plan
     from kvboost_rag.core.reuse.repair import (
-        RepairPlan,
         RepairSettings,
         choose_passages,
         question_attention,
     )
 
     engine = engine_with("llama", tokenizer)
-    prompt = engine._prompts.text(QUESTION, DOCS)
-    cache = engine._reuse.cache
-    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
-    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
-    n = len(prompt.tokens) - 1
-    row = TensorRow(found.kv, n)
-    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
-    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    prompt, plan = assembled(engine)
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
         one = choose_passages(plan, RepairSettings("passage", 0, 0.01, None), engine.model)
@@ -324,18 +314,10 @@ def test_passage_keys_depend_on_the_model(tokenizer) -> None:
 def test_the_probe_beside_sdpa_scores_what_eager_attention_weighs(arch: str, tokenizer) -> None:
     """The question probe takes its scores beside the forward's own SDPA: the same as the
     attention weights an eager forward returns, layer by layer."""
-    from kvboost_rag.core.reuse.plan import make_plan
-    from kvboost_rag.core.reuse.repair import RepairPlan, question_attention
+    from kvboost_rag.core.reuse.repair import question_attention
 
     engine = engine_with(arch, tokenizer)
-    prompt = engine._prompts.text(QUESTION, DOCS)
-    n = len(prompt.tokens) - 1
-    cache = engine._reuse.cache
-    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
-    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
-    row = TensorRow(found.kv, n)
-    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
-    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    prompt, plan = assembled(engine)
     with torch.inference_mode():
         for layers in (1, 2):
             beside = question_attention(engine.model, plan, layers)
