@@ -3,6 +3,7 @@ structure and their numbers agreeing with each other (no speed asserted: the mac
 are shared)."""
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -38,6 +39,14 @@ def test_latency_report_holds_every_system_and_its_ratios(tmp_path) -> None:
     for line in report["summary"]:
         if line["system"] == "generate":
             assert line["ttft_ms_x"] == pytest.approx(1.0) and line["same"] == line["requests"]
+            assert line["ttft_ms_paired_x"] == pytest.approx(1.0)
+        cell = (line["scenario"], line["length"])
+        pairs = [
+            r["runs"]["generate"]["ttlt_ms"] / r["runs"][line["system"]]["ttlt_ms"]
+            for r in report["rows"]
+            if (r["scenario"], r["length"]) == cell
+        ]
+        assert line["ttlt_ms_paired_x"] == pytest.approx(statistics.median(pairs))
 
 
 def test_decode_report_counts_what_each_system_generated(tmp_path) -> None:
