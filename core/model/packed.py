@@ -26,7 +26,7 @@ logits (Gemma 2's soft-capping, a logit scale) fails the check and keeps its for
 weight changed after packing (an in-place update bumps its version, a reassigned ``.data``
 moves its storage) is packed again before use. The packed copy costs one more copy of the
 head in memory. By default it is used where it also measures faster at 8 rows
-(``PackedHead.usable``).
+(``PackedHead.usable``); a head under ``MEASURED_ELEMENTS`` is not timed and not used.
 
 The two ops are torch's private ones (inductor's lowering calls them); they exist from
 torch 2.1 and are checked on first use.
@@ -41,6 +41,10 @@ import torch
 import torch.nn.functional as F
 
 PACK_ROWS = 8  # the row count oneDNN is told to expect when reordering
+# Heads smaller than this (elements) are not timed and keep F.linear: either way costs
+# microseconds, so the timing would decide by noise, and two engines on equal tiny models
+# would round their logits differently (packed and F.linear differ in the last bit).
+MEASURED_ELEMENTS = 1 << 21
 
 
 def supported(model: Any) -> bool:
@@ -136,6 +140,8 @@ class PackedHead:
         tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2
         if (got - want).abs().max().item() > tolerance * max(want.abs().max().item(), 1.0):
             return False, False
+        if head.weight.numel() < MEASURED_ELEMENTS:
+            return True, False
         x = torch.randn(PACK_ROWS, head.in_features, dtype=head.weight.dtype, generator=_SEED)
         packed = self._weight(head.weight)
         packed_s = median_seconds(lambda: _packed_linear(x, packed, head.bias), repeats=3)
