@@ -55,7 +55,7 @@ _Write = tuple[bytes, tuple[int, ...], LayerKV, bool]
 @dataclass(frozen=True)
 class RemoteStats:
     url: str  # the server or the cluster's seed nodes, password removed
-    available: bool  # False while backing off after a failure
+    available: bool  # False from a failure until the failed node answers again
     hits: int
     misses: int  # absent, evicted, or skipped while the server was unavailable
     corrupt: int  # values found damaged or foreign, deleted

@@ -68,8 +68,9 @@ class RemoteLink:
         self.errors = 0  # node batches that failed (once per kind of error each)
 
     def available(self) -> bool:
-        """False while any node (or the tier itself) is backing off after a failure."""
-        return all(b.available() for b in self._serving())
+        """False from a failure of any node (or of the tier itself) until it answers
+        again. Not whether a retry is due: that changes with the clock, mid-outage."""
+        return not any(b.down for b in self._serving())
 
     def pipeline(
         self,
