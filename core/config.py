@@ -215,12 +215,13 @@ class KVBoostConfig:
 
     def repair_settings(self) -> RepairSettings | None:
         """The repair to run for reused passages; None in "exact" fidelity."""
-        if self.fidelity == "exact":
+        strategy = self._strategy()
+        if strategy is None:
             return None
         base = FIDELITY_REPAIR[self.fidelity]
         return replace(
             base,
-            strategy=self.repair or base.strategy,
+            strategy=strategy,
             recompute_ratio=_pick(self.recompute_ratio, base.recompute_ratio),
             edge_tokens=_pick(self.edge_tokens, base.edge_tokens),
             probe_layers=_pick(self.probe_layers, base.probe_layers),

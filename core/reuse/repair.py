@@ -102,9 +102,10 @@ def choose_query(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
         return []
     depth = len(model_support(model).layers)
     score = question_attention(model, plan, min(settings.probe_layers or depth, depth))
-    values, top = score[torch.tensor(reused, device=score.device)].topk(count)
+    reused_scores = score[torch.tensor(reused, device=score.device)]
+    values, top = reused_scores.topk(count)
     if settings.recompute_mass is not None:
-        total = float(score[torch.tensor(reused, device=score.device)].sum())
+        total = float(reused_scores.sum())
         reached = (values.cumsum(0) < settings.recompute_mass * total).sum()
         top = top[: int(reached) + 1]
     return [reused[i] for i in top.tolist()]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import ArgumentParser, positive, positive_list
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
 from kvboost_rag.bench.common import systems
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import passages
@@ -259,10 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument(
-        "--dtype",
-        default=None,
-        choices=["bfloat16", "float32"],
-        help="the model's dtype (default: the engine's choice, bf16 where the CPU computes it)",
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
     )
     parser.add_argument("--systems", choices=sorted(SYSTEM_SETS), default="front")
     parser.add_argument("--quick", action="store_true", help="one query per cell, fewer cells")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, positive
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.rag_setup import (
     answer_stats,
@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m kvboost_rag.bench.rag.langchain_rag", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default=None)
+    parser.add_argument(
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
+    )
     parser.add_argument("--chunks", type=positive, default=60)
     parser.add_argument("--chunk-tokens", type=positive, default=200)
     parser.add_argument("--k", type=positive, default=4)

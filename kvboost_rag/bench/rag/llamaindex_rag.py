@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, positive
+from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.corpus import passages
 from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, parse_segments
@@ -231,10 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument(
-        "--dtype",
-        default=None,
-        choices=["bfloat16", "float32"],
-        help="the model's dtype (default: the engine's choice, bf16 where the CPU computes it)",
+        "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
     )
     parser.add_argument("--passages", type=positive, default=4, help="nodes in the index")
     parser.add_argument("--tokens", type=positive, default=160, help="most tokens per essay piece")
