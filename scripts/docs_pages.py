@@ -57,7 +57,7 @@ def bench_suite() -> str:
 def langchain() -> str:
     from kvboost_rag.bench.rag.langchain_rag import table
 
-    return table(_json("langchain-bfloat16.json"))
+    return table(_json("langchain-float32.json"))
 
 
 def llamaindex() -> str:
@@ -203,7 +203,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "latency-bfloat16.json headline": (("README.md", "docs/index.md"), headline),
     "latency-bfloat16.json": (("docs/bench/latency.md",), latency_table),
     "bench.json": (("docs/bench/index.md",), bench_suite),
-    "langchain-bfloat16.json": (("docs/bench/langchain.md",), langchain),
+    "langchain-float32.json": (("docs/bench/langchain.md",), langchain),
     "llamaindex.json": (("docs/bench/llamaindex.md",), llamaindex),
     "load-float32.json": (("docs/bench/load.md",), load),
     "front-bfloat16.json": (("docs/bench/fidelity.md",), front("front-bfloat16")),
