@@ -1,6 +1,6 @@
 """Repairs for the case ``fast`` loses most: the answer's passage first of four.
 
-    .venv/bin/python scripts/answer_first.py [--queries 24] [--position 0]
+    .venv/bin/python scripts/answer_first.py [--queries 24] [--position 0] [--options cheap]
 
 The front's fact task (``kvboost_rag.bench.front``): 4 passages of a 30-passage pool, the
 passage holding the answer moved to ``--position``, SmolLM2-135M at the engine's dtype,
@@ -13,7 +13,8 @@ better (docs/bench/fidelity.md, "The answer's passage first"):
 - ``later``: the same top 3% plus the first ``edge_tokens`` tokens of every passage after
   the first, the ones that in a full prefill first see the answer's passage.
 
-Prints each option's line of the front's numbers.
+``--options deviation`` runs CacheBlend's deviation over 1 and 2 probe layers beside no
+repair instead. Prints each option's line of the front's numbers.
 """
 
 from __future__ import annotations
@@ -52,18 +53,26 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "later16 +q.03L4": {"repair": "later", "edge_tokens": 16} | SMALL,
     "passage r=.30": {"repair": "passage", "recompute_ratio": 0.30},
 }  # fmt: skip
+DEVIATION: dict[str, dict[str, Any]] = {
+    "none": {"fidelity": "fast", "repair": "none"},
+    "deviation r=.15 L=1": {"repair": "deviation", "recompute_ratio": 0.15, "probe_layers": 1},
+    "deviation r=.15 L=2": {"repair": "deviation", "recompute_ratio": 0.15},
+    "deviation r=.06 L=1": {"repair": "deviation", "recompute_ratio": 0.06, "probe_layers": 1},
+}
+SETS = {"cheap": OPTIONS, "deviation": DEVIATION}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queries", type=int, default=24)
     parser.add_argument("--position", type=int, default=0, choices=range(4))
+    parser.add_argument("--options", choices=sorted(SETS), default="cheap")
     args = parser.parse_args()
     repair.STRATEGIES |= {"tail": choose_tail, "later": choose_later}
     base = KVBoost.from_pretrained("smollm2-135m-instruct", config=KVBoostConfig(fidelity="exact"))
     engines = {
         name: KVBoost(base.model, base.tokenizer, KVBoostConfig(**config))
-        for name, config in OPTIONS.items()
+        for name, config in SETS[args.options].items()
     }
     warm_up(base, engines)  # empties every cache when done: before the warming
     low, high = PASSAGE_TOKENS
