@@ -70,8 +70,10 @@ class KVBoostConfig:
     recompute_mass: float | None = None
     # Leading tokens of each reused passage recomputed by the "edges" strategy.
     edge_tokens: int | None = None
-    # Decoder layers the "deviation" / "query" strategies run to choose tokens; None takes
-    # the strategy's default (deviation: 2, query: all).
+    # Decoder layers the "deviation" / "query" strategies probe to choose tokens: deviation
+    # compares layer ``probe_layers - 1``'s KV (the layers before it run, then only its key
+    # and value projections); query sums the question's attention over the first
+    # ``probe_layers``. None takes the strategy's default (deviation: 2, query: all).
     probe_layers: int | None = None
     # Passages longer than this split into sentence-aligned pieces, each cached alone.
     max_passage_tokens: int = 512

@@ -6,7 +6,9 @@ list is what the stores hold; a ``DynamicCache`` is what the model consumes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
@@ -57,6 +59,39 @@ def to_cache(kv: LayerKV, config: PretrainedConfig) -> DynamicCache:
 
 
 # -- the one place that reads and writes transformers cache tensors -------------------------
+
+
+class _LayerReached(Exception):
+    pass
+
+
+@contextmanager
+def new_kv_of_layer(
+    cache: DynamicCache, layer: int
+) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Within, a forward over ``cache`` stops where decoder layer ``layer`` writes its new
+    (keys, values) to the cache; the yielded list receives them, as the model computed them
+    (norms and RoPE applied). The layers before it run whole; that layer's attention and
+    everything after it do not run, and the cache is left without that layer's new
+    tokens."""
+    caught: list[tuple[torch.Tensor, torch.Tensor]] = []
+    update = cache.update
+
+    def stop(
+        keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> Any:
+        if layer_idx == layer:
+            caught.append((keys, values))
+            raise _LayerReached
+        return update(keys, values, layer_idx, *args, **kwargs)
+
+    cache.update = stop  # type: ignore[method-assign,assignment]
+    try:
+        yield caught
+    except _LayerReached:
+        pass
+    finally:
+        del cache.update  # the class's own method again
 
 
 def layer_kv(cache: DynamicCache) -> LayerKV:

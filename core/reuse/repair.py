@@ -21,7 +21,7 @@ import torch
 from kvboost_rag.core.model.arch import SLIDING, model_support
 from kvboost_rag.core.model.attention import attention_scores, cached_tail, runs_sdpa
 from kvboost_rag.core.model.hf_compat import eager_attention
-from kvboost_rag.core.model.kv import LayerKV, head, layer_kv, to_cache
+from kvboost_rag.core.model.kv import LayerKV, head, new_kv_of_layer, to_cache
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ def choose_edges(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
 
 
 def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
-    """Run the first layers over every token with full attention; recompute the reused
-    tokens whose KV deviates most from the cached KV (CacheBlend)."""
+    """Recompute the reused tokens whose KV at layer ``probe_layers - 1`` deviates most from
+    the cached KV (CacheBlend). The fresh KV takes the layers before it over every token
+    with full attention, and that layer's key and value projections."""
     reused = [p for start, end in plan.spans for p in range(start, end)]
     count = min(len(reused), int(round(settings.recompute_ratio * plan.reused_tokens)))
     if not count:
@@ -173,13 +174,14 @@ def _first_layers(model: Any, layers: int) -> Iterator[None]:
 
 def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh (keys, values) of layer ``layers - 1`` for positions [exact, length), computed
-    with full attention over the exact prefix; the forward stops after that layer."""
+    with full attention over the exact prefix. Only the layers before it run; the forward
+    stops where that layer writes its keys and values, before its attention."""
     cache = to_cache(head(plan.assembled, plan.exact), model.config)
     ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
-    with _first_layers(model, layers):
+    with new_kv_of_layer(cache, layers - 1) as caught:
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    keys, values = layer_kv(cache)[layers - 1]
-    return keys[:, :, plan.exact :], values[:, :, plan.exact :]
+    assert caught, f"the forward never wrote layer {layers - 1}'s keys"
+    return caught[0]
 
 
 def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tensor:

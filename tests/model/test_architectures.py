@@ -9,7 +9,7 @@ from conftest import ARCHITECTURES, SLIDING_WINDOW, make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.model.arch import inspect_model, model_support, rotation_errors
-from kvboost_rag.core.model.kv import to_cache
+from kvboost_rag.core.model.kv import new_kv_of_layer, to_cache
 from kvboost_rag.core.model.rope import Rotary, rerotate, rotations
 from kvboost_rag.core.prompt.chunker import passage
 
@@ -80,6 +80,35 @@ def encode_keys(model, tokens: list[int], start: int) -> list[tuple]:
     with torch.no_grad():
         model(torch.tensor([tokens]), position_ids=positions, cache=cache)
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def test_a_layers_new_kv_is_the_full_forwards_and_later_layers_do_not_run(
+    model_arch: str, tokenizer
+) -> None:
+    """What the deviation repair compares the cached KV with: layer 1's keys and values of
+    the new tokens, taken where that layer writes them, equal a whole forward's."""
+    model = make_model(model_arch)
+    tokens = [tokenizer.bos_token_id, *tokenizer(DOCS[1], add_special_tokens=False)["input_ids"]]
+    split = 7
+    whole = encode_keys(model, tokens, 0)
+    cache = to_cache([(k[:, :, :split], v[:, :, :split]) for k, v in whole], model.config)
+    ran: list[int] = []
+    blocks = model_support(model).layers
+    hooks = [
+        b.register_forward_pre_hook(lambda *_, i=i: ran.append(i)) for i, b in enumerate(blocks)
+    ]
+    try:
+        with torch.no_grad(), new_kv_of_layer(cache, 1) as caught:
+            model(torch.tensor([tokens[split:]]), cache=cache, use_cache=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert ran == [0, 1] and len(caught) == 1
+    keys, values = caught[0]
+    torch.testing.assert_close(keys, whole[1][0][:, :, split:], atol=2e-5, rtol=0)
+    torch.testing.assert_close(values, whole[1][1][:, :, split:], atol=2e-5, rtol=0)
+    assert cache.layers[1].keys.shape[-2] == split  # layer 1 took no new tokens
+    assert "update" not in vars(cache)  # the cache's own method again
 
 
 def test_rerotated_keys_equal_a_fresh_encode(model_arch: str, tokenizer) -> None:
