@@ -57,8 +57,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 DEVIATION: dict[str, dict[str, Any]] = {
     "none": {"fidelity": "fast", "repair": "none"},
-    "deviation r=.15 L=2": {"repair": "deviation", "recompute_ratio": 0.15},
-    "deviation r=.06 L=2": {"repair": "deviation", "recompute_ratio": 0.06},
+    "deviation r=.15 L=2": {"repair": "deviation", "recompute_ratio": 0.15, "probe_layers": 2},
+    "deviation r=.06 L=2": {"repair": "deviation", "recompute_ratio": 0.06, "probe_layers": 2},
     "deviation r=.15 L=3": {"repair": "deviation", "recompute_ratio": 0.15, "probe_layers": 3},
     "query r=.15 L=8": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8},
 }
