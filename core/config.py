@@ -73,7 +73,8 @@ class KVBoostConfig:
     # Decoder layers the "deviation" / "query" strategies probe to choose tokens: deviation
     # compares layer ``probe_layers - 1``'s KV (the layers before it run, then only its key
     # and value projections); query sums the question's attention over the first
-    # ``probe_layers``. None takes the strategy's default (deviation: 2, query: all).
+    # ``probe_layers``. None takes the fidelity level's (balanced: 8, whatever the strategy),
+    # and where that is None the strategy's own (deviation: 2, query: all).
     probe_layers: int | None = None
     # Passages longer than this split into sentence-aligned pieces, each cached alone.
     max_passage_tokens: int = 512
