@@ -325,3 +325,12 @@ def test_the_probe_beside_sdpa_scores_what_eager_attention_weighs(arch: str, tok
             eager = question_attention(engine.model, plan, layers)
             engine.model.set_attn_implementation(NAME)
             torch.testing.assert_close(beside, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_a_levels_probe_depth_applies_to_its_own_strategy_only() -> None:
+    assert KVBoostConfig().repair_settings().probe_layers == 8  # balanced's query probe
+    assert KVBoostConfig(repair="query").repair_settings().probe_layers == 8
+    # Deviation was measured at its own depth; balanced's 8 layers would cost it ~6x.
+    assert KVBoostConfig(repair="deviation").repair_settings().probe_layers is None
+    assert KVBoostConfig(repair="deviation", probe_layers=3).repair_settings().probe_layers == 3
+    assert KVBoostConfig(fidelity="fast", repair="query").repair_settings().probe_layers is None
