@@ -13,8 +13,8 @@ better (docs/bench/fidelity.md, "The answer's passage first"):
 - ``later``: the same top 3% plus the first ``edge_tokens`` tokens of every passage after
   the first, the ones that in a full prefill first see the answer's passage.
 
-``--options deviation`` runs CacheBlend's deviation (the KV of layer 1 or 2, 15% and 6%)
-beside no repair and ``balanced``'s query probe instead. (Layer 0's KV cannot deviate: it
+``--options deviation`` runs CacheBlend's deviation (the values of layer 1 or 2; 6, 15 and
+25%) beside no repair and ``balanced``'s query probe instead. (Layer 0's KV cannot deviate: it
 is the token's embedding at its position, so a 1-layer deviation picks noise.) Prints
 each option's line of the front's numbers.
 """
@@ -59,6 +59,7 @@ DEVIATION: dict[str, dict[str, Any]] = {
     "none": {"fidelity": "fast", "repair": "none"},
     "deviation r=.15 L=2": {"repair": "deviation", "recompute_ratio": 0.15, "probe_layers": 2},
     "deviation r=.06 L=2": {"repair": "deviation", "recompute_ratio": 0.06, "probe_layers": 2},
+    "deviation r=.25 L=2": {"repair": "deviation", "recompute_ratio": 0.25, "probe_layers": 2},
     "deviation r=.15 L=3": {"repair": "deviation", "recompute_ratio": 0.15, "probe_layers": 3},
     "query r=.15 L=8": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8},
 }

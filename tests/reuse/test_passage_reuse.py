@@ -334,3 +334,31 @@ def test_a_levels_probe_depth_applies_to_its_own_strategy_only() -> None:
     assert KVBoostConfig(repair="deviation").repair_settings().probe_layers is None
     assert KVBoostConfig(repair="deviation", probe_layers=3).repair_settings().probe_layers == 3
     assert KVBoostConfig(fidelity="fast", repair="query").repair_settings().probe_layers is None
+
+
+def test_deviation_ranks_reused_tokens_by_how_far_their_values_moved(tokenizer) -> None:
+    """Exact cached KV except where the test moves it: values moved at the probed layer
+    are chosen, largest first; keys moved (by far more) choose nothing."""
+    from kvboost_rag.core.model.kv import to_cache
+    from kvboost_rag.core.reuse.repair import RepairPlan, RepairSettings, choose_deviation
+
+    model = make_model("llama")
+    tokens = [tokenizer.bos_token_id, *tokenizer(DOCS[0] + " " + DOCS[1])["input_ids"]]
+    cache = to_cache([], model.config)
+    with torch.no_grad():
+        model(torch.tensor([tokens]), cache=cache)
+    exact = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    spans = [(3, len(tokens))]
+    settings = RepairSettings("deviation", 0, 3 / (len(tokens) - 3), probe_layers=2)
+
+    def chosen(moved: dict[tuple[int, int], float]) -> list[int]:
+        kv = [(k.clone(), v.clone()) for k, v in exact]
+        for (kind, position), by in moved.items():
+            kv[1][kind][:, :, position] += by
+        plan = RepairPlan(tokens, len(tokens), 1, spans, kv)
+        with torch.no_grad():
+            return choose_deviation(plan, settings, model)
+
+    assert chosen({(1, 9): 1.0, (1, 4): 3.0, (1, 12): 2.0}) == [4, 12, 9]
+    keys_only = chosen({(0, 5): 50.0, (0, 6): 50.0, (0, 7): 50.0, (1, 10): 0.5})
+    assert keys_only[0] == 10 and not {5, 6, 7} & set(keys_only)

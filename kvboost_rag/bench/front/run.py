@@ -49,6 +49,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "prompt+query r=0.15 L=8": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8},
     "prompt+edges k=8": {"repair": "edges", "edge_tokens": 8},
     "prompt+deviation r=0.15": {"repair": "deviation", "recompute_ratio": 0.15},
+    "prompt+deviation r=0.25": {"repair": "deviation", "recompute_ratio": 0.25},
     "prompt+passage r=0.15": {"repair": "passage", "recompute_ratio": 0.15},
     "prompt+passage r=0.30": {"repair": "passage", "recompute_ratio": 0.30},
     "prompt+edges k=4": {"repair": "edges", "edge_tokens": 4},
@@ -97,6 +98,14 @@ SYSTEM_SETS = {
         "prompt+query r=0.15 L=8",
         "prompt+query m=0.3 r<=0.15 L=8",
         "prompt+query m=0.5 r<=0.3 L=8",
+    ],
+    # CacheBlend's deviation (layer 1's values) beside "balanced"'s question probe: the
+    # deviation probe kept most with the answer's passage first.
+    "deviation": [
+        "prompt+none",
+        "prompt+query r=0.15 L=8",
+        "prompt+deviation r=0.15",
+        "prompt+deviation r=0.25",
     ],
 }
 # The foreign-prefix scenario: each fidelity level with each prefix_fallback.
