@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -125,6 +126,11 @@ def attention(
         _add_scores(probe[0], probe[1], module, query, key, attention_mask, scaling)
     if _ENGINE.get() and _single_query(query, dropout, kwargs):
         return single_query_attention(module, query, key, value, attention_mask, scaling), None
+    if _ENGINE.get() and _grouped_under_mask(module, query, attention_mask, dropout, kwargs):
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        )
+        return out.transpose(1, 2).contiguous(), None
     tail = _TAIL.get()
     if tail is None or not _splittable(module, query, key, *tail):
         return sdpa_attention_forward(  # type: ignore[no-any-return]
@@ -200,6 +206,28 @@ def split_attention(
     total = old_w + new_w
     out = old.float() * (old_w / total)[..., None] + new.float() * (new_w / total)[..., None]
     return out.to(query.dtype).transpose(1, 2).contiguous()
+
+
+def _grouped_under_mask(
+    module: Any,
+    query: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> bool:
+    # Several queries under a mask (a batched step with drafts, a repair pass): transformers
+    # repeats each key-value head for its query heads (``repeat_kv``), copying the keys
+    # and values of every layer, because CUDA's kernels take grouped heads only without a
+    # mask. The CPU kernel takes them with one, with the same output: 8 rows of 2 queries
+    # over 1261 keys measured 6.5 ms with the copy and 1.9 ms without.
+    return (
+        getattr(module, "num_key_value_groups", 1) > 1
+        and mask is not None
+        and query.shape[2] > 1
+        and query.device.type == "cpu"
+        and not dropout
+        and not any(kwargs.get(k) is not None for k in ("s_aux", "position_bias", "softcap"))
+    )
 
 
 def _single_query(query: torch.Tensor, dropout: float, kwargs: dict[str, Any]) -> bool:

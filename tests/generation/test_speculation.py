@@ -39,8 +39,13 @@ def test_greedy_output_is_the_same_with_and_without_drafts(arch: str, tokenizer:
     assert [drafting.generate(q, max_new_tokens=n).token_ids for q, n in WORK] == want
     steps = drafting.stats().batch
     assert steps is not None and steps.steps < sum(map(len, want)) - len(want)  # drafts kept
+    before = drafting.stats().batch.rows  # type: ignore[union-attr]
     batched = together([lambda w=w: drafting.generate(w[0], max_new_tokens=w[1]) for w in WORK])
     assert [r.token_ids for r in batched] == want
+    after = drafting.stats().batch
+    assert after is not None and after.peak > 1
+    # rows decoding together verify drafts too: fewer row-steps than tokens after the first
+    assert after.rows - before < sum(map(len, want)) - len(want)
 
 
 def test_a_request_turns_drafting_off_or_on(tokenizer: Any) -> None:

@@ -109,3 +109,35 @@ def test_single_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
         with attention_module.engine_forwards():
             model.generate(ids, max_new_tokens=3, do_sample=False)
         assert calls
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+@pytest.mark.parametrize(("heads", "kv_heads", "rows"), [(6, 2, 1), (6, 2, 3), (4, 1, 2)])
+def test_grouped_queries_under_a_mask_equal_sdpa_without_copying_keys(
+    mask_kind: str, heads: int, kv_heads: int, rows: int, monkeypatch
+) -> None:
+    """Several queries under a mask in the engine's forwards (a batched step with drafts, a
+    repair pass) take SDPA's grouped heads: transformers' output, without ``repeat_kv``."""
+    from transformers.integrations import sdpa_attention
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvboost_rag.core.model import attention as attention_module
+
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(rows, heads, 5, 16, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, 41, 16, generator=generator) for _ in range(2))
+    allowed = torch.rand(rows, 1, 5, 41, generator=generator) > 0.3
+    allowed[..., 0] = True
+    mask = allowed
+    if mask_kind == "additive":
+        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv_heads  # type: ignore[assignment]
+    module.is_causal = True  # type: ignore[assignment]
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    copies = []
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: copies.append(1) or a[0])
+    with attention_module.engine_forwards():
+        got, _ = attention_module.attention(module, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert not copies
