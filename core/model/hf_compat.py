@@ -81,6 +81,11 @@ def eager_attention(model: Any) -> Iterator[None]:
         model.set_attn_implementation(previous)
 
 
+# torch >= 2.5: SDPA's ``enable_gqa``, and its CPU flash kernel takes fewer key-value heads
+# than query heads (each serving a group of them, ``repeat_kv``'s order) without a copy.
+GROUPED_HEADS = Version(torch.__version__).release >= (2, 5)
+
+
 def cpu_flash_attention() -> Callable[..., Any] | None:
     """torch's CPU flash-attention kernel, which returns the log-sum-exp beside the output
     (``F.scaled_dot_product_attention`` does not); None where this torch lacks it."""
