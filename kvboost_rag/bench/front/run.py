@@ -49,6 +49,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "prompt+query r=0.15 L=8": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8},
     "prompt+edges k=8": {"repair": "edges", "edge_tokens": 8},
     "prompt+deviation r=0.15": {"repair": "deviation", "recompute_ratio": 0.15},
+    "prompt+deviation r=0.20": {"repair": "deviation", "recompute_ratio": 0.20},
     "prompt+deviation r=0.25": {"repair": "deviation", "recompute_ratio": 0.25},
     "prompt+passage r=0.15": {"repair": "passage", "recompute_ratio": 0.15},
     "prompt+passage r=0.30": {"repair": "passage", "recompute_ratio": 0.30},
@@ -105,6 +106,7 @@ SYSTEM_SETS = {
         "prompt+none",
         "prompt+query r=0.15 L=8",
         "prompt+deviation r=0.15",
+        "prompt+deviation r=0.20",
         "prompt+deviation r=0.25",
     ],
 }
