@@ -64,9 +64,8 @@ FILL_ROWS = {"cpu": 1}
 # Drafted tokens per row when several rows decode at once: each is one more query row in
 # every row's forward (rows are padded to the longest draft), so a short draft pays where
 # a request's own 8 would not. 8 concurrent 256-token answers (SmolLM2-135M fp32, 2-core
-# AVX2 EPYC, after grouped attention under a mask stopped copying the keys and values)
-# measured 37.1 / 52.3 / 50.3 tokens/s extractive and 40.4 / 50.4 / 51.8 open-ended with
-# 0 / 2 / 4 drafted tokens per row.
+# AVX2 EPYC, docs/bench/decode-concurrent-float32.txt) measured 45.4 against 37.1 tokens/s
+# extractive and 41.8 against 33.5 open-ended with and without; 4 a row measured alike.
 BATCH_DRAFT_TOKENS = 2
 
 
