@@ -220,6 +220,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/fidelity.md",),
         text_file("front-deviation-float32.txt"),
     ),
+    "front-deviation-gemma3-270m-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-deviation-gemma3-270m-float32.txt"),
+    ),
     "front-adaptive-gemma3-270m-float32.txt": (
         ("docs/bench/fidelity.md",),
         text_file("front-adaptive-gemma3-270m-float32.txt"),
