@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.generation.slots import SlotCache, Write
+from kvboost_rag.core.model import skinny
 from kvboost_rag.core.model.arch import SLIDING, ModelSupport
 from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
 from kvboost_rag.core.model.packed import PackedHead
@@ -32,6 +33,7 @@ class Runner:
         window = support.sliding_window
         self.windows = tuple(window if t == SLIDING else None for t in support.layer_types)
         self.head = PackedHead(model)
+        self.skinny: frozenset[int] = frozenset()  # row counts taken as W @ x.T (warm_up)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -57,7 +59,9 @@ class Runner:
         write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
         tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
         packed_head = self._packs(packed)
-        with self.slots.forward(write) as cache, tail, engine_forwards():
+        rows_fed = len(tokens) * max(map(len, tokens))
+        transposed = skinny.rows(self.skinny) if rows_fed in self.skinny else nullcontext()
+        with self.slots.forward(write) as cache, tail, engine_forwards(), transposed:
             inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
             inputs |= {"cache": cache, "use_cache": True}
             if packed_head:
@@ -72,7 +76,8 @@ class Runner:
 
     def warm_up(self, row: int, packed: bool | None) -> None:
         """Pay the first forward's one-time costs before any request does: the packed
-        head's pack and check (unless ``packed`` is False) and the kernels a prefill, a
+        head's pack and check (unless ``packed`` is False), measuring the row counts the
+        decoder's linear layers take transposed (``skinny``), and the kernels a prefill, a
         cached prefix's continuation and a decoding step take. Uses free row ``row`` and
         leaves it empty. Measured on SmolLM2-135M (fp32, 2-core AVX2 EPYC): the first
         request after a new engine took its first token 1.2 s later than the next ones
@@ -80,6 +85,7 @@ class Runner:
         forwards, fed = self.forwards, self.tokens
         vocab = int(self.model.config.vocab_size)
         ids = [i % vocab for i in range(1, 9)]
+        self.skinny = skinny.measure(self.model)
         with torch.inference_mode():
             self.run_rows([row], [ids], [range(8)])
             self.run_rows([row], [ids], [range(8, 16)])
