@@ -294,14 +294,15 @@ def test_strategy_registry_lists_choices() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"fidelity": "fast"}, {"fidelity": "exact"}, {"repair": "edges"}, {"repair": "passage"}],
+    [{}, {"fidelity": "fast"}, {"fidelity": "exact"}, {"repair": "edges"}, {"repair": "passage"}],
 )
 def test_recompute_mass_is_refused_where_nothing_would_read_it(settings) -> None:
     with pytest.raises(ValueError, match="recompute_mass applies to the 'query' repair only"):
         KVBoostConfig(recompute_mass=0.5, **settings)
     with pytest.raises(ValueError, match=r"recompute_mass must be in \(0, 1\]"):
         KVBoostConfig(recompute_mass=1.5)
-    assert KVBoostConfig(recompute_mass=0.5).repair_settings().recompute_mass == 0.5
+    config = KVBoostConfig(repair="query", recompute_mass=0.5)
+    assert config.repair_settings().recompute_mass == 0.5
 
 
 def test_passage_keys_depend_on_the_model(tokenizer) -> None:
@@ -327,13 +328,26 @@ def test_the_probe_beside_sdpa_scores_what_eager_attention_weighs(arch: str, tok
             torch.testing.assert_close(beside, eager, atol=1e-5, rtol=1e-5)
 
 
-def test_a_levels_probe_depth_applies_to_its_own_strategy_only() -> None:
-    assert KVBoostConfig().repair_settings().probe_layers == 8  # balanced's query probe
-    assert KVBoostConfig(repair="query").repair_settings().probe_layers == 8
-    # Deviation was measured at its own depth; balanced's 8 layers would cost it ~6x.
-    assert KVBoostConfig(repair="deviation").repair_settings().probe_layers is None
+def test_a_levels_probe_depth_applies_to_its_own_strategy_only(monkeypatch, tokenizer) -> None:
+    from kvboost_rag.core.reuse import repair
+
+    assert KVBoostConfig().repair_settings() == repair.RepairSettings("deviation", 4, 0.25, 2)
+    assert KVBoostConfig(repair="deviation").repair_settings().probe_layers == 2
     assert KVBoostConfig(repair="deviation", probe_layers=3).repair_settings().probe_layers == 3
+    # The question probe was measured at its own depth, not deviation's 2 layers.
+    assert KVBoostConfig(repair="query").repair_settings().probe_layers is None
     assert KVBoostConfig(fidelity="fast", repair="query").repair_settings().probe_layers is None
+    depths: list[int] = []
+    monkeypatch.setattr(
+        repair,
+        "question_attention",
+        lambda m, plan, layers: depths.append(layers) or torch.ones(plan.tail),
+    )
+    engine = engine_with("llama", tokenizer)
+    _, plan = assembled(engine)
+    for settings in (KVBoostConfig(repair="query"), KVBoostConfig(repair="query", probe_layers=1)):
+        repair.choose_query(plan, settings.repair_settings(), engine.model)
+    assert depths == [min(repair.QUERY_LAYERS, engine.model.config.num_hidden_layers), 1]
 
 
 def test_deviation_ranks_reused_tokens_by_how_far_their_values_moved(tokenizer) -> None:
