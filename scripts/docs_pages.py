@@ -242,6 +242,11 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/decode.md",),
         text_file("decode-concurrent-float32.txt"),
     ),
+    "decode-float32.txt": (("docs/bench/decode.md",), text_file("decode-float32.txt")),
+    "decode-peers-float32.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-peers-float32.txt"),
+    ),
     "exactness.txt": (("docs/bench/fidelity.md",), text_file("exactness.txt")),
     "agent.json langchain": (("docs/bench/agents.md",), agent("langchain")),
     "agent.json llamaindex": (("docs/bench/agents.md",), agent("llamaindex")),
