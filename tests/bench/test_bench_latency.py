@@ -80,6 +80,8 @@ def test_step_report_times_each_part_and_compares_the_attentions(tmp_path) -> No
     for row in report["rows"]:
         if "max_diff" in row:  # the engine's single-query attention computes SDPA's result
             assert row["max_diff"] < 1e-5
-        if "linear_diff" in row:  # and packed linear layers F.linear's
+        if "linear_diff" in row:  # and packed or transposed linear layers F.linear's
             assert row["linear_diff"] < 1e-4
+    transposed = [r for r in report["rows"] if r["part"].endswith("W @ x.T")]
+    assert len(transposed) == 4 and all("linear_diff" in r for r in transposed)
     assert "single_query_attention" in (tmp_path / "step-float32.txt").read_text()

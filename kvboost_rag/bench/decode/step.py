@@ -6,8 +6,9 @@ On the loaded model's own modules, one token per row:
 
 - the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
   into the graph, the form it prepacks for oneDNN), with the compile time;
-- the decoder layers' linear layers, and the lm_head, through ``F.linear`` and on weights
-  prepacked for oneDNN (``core/model/packed.py``: the engine packs the head);
+- the decoder layers' linear layers, and the lm_head, through ``F.linear``, on weights
+  prepacked for oneDNN (``core/model/packed.py``: the engine packs the head) and as
+  ``W @ x.T`` (``core/model/skinny.py``: the engine's layers over 2-32 rows);
 - the attention of every layer over ``--keys`` cached keys: transformers' SDPA path (torch's
   CPU flash kernel; with a mask at several rows, as the executor's batched steps pass one)
   and the engine's ``single_query_attention``, with the largest difference between them.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from kvboost_rag import KVBoost
 from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
@@ -68,14 +70,17 @@ def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
 
 
 def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
-    """The decoder layers' linear layers and the lm_head, through ``F.linear`` and on
-    weights reordered for oneDNN as ``PackedHead`` does (the engine packs only the head:
-    the layers measured no gain, each weight read once per step from memory)."""
+    """The decoder layers' linear layers and the lm_head, through ``F.linear``, on weights
+    reordered for oneDNN as ``PackedHead`` does (the engine packs only the head: each layer
+    weight is read once per step from memory), and as ``W @ x.T`` (``core/model/skinny.py``:
+    the engine's decoder layers over 2-32 rows, where measured faster)."""
     from kvboost_rag.core.model.packed import _pack, _packed_linear, supported
+    from kvboost_rag.core.model.skinny import transposed
 
     if not supported(model):
         return []
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    # plain linears and the engine's SkinnyLinear (a subclass) alike
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     head = model.get_output_embeddings()
     layers = [m for m in linears if m is not head]
     out = []
@@ -83,22 +88,33 @@ def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
         inputs = [torch.randn(rows, 1, m.in_features, dtype=model.dtype) for m in group]
         packed = [_pack(m.weight) for m in group]
         calls = list(zip(group, inputs, packed))
-        eager = timed(functools.partial(_run_linears, calls, False))
-        fast = timed(functools.partial(_run_linears, calls, True))
-        got = _packed_linear(inputs[0], packed[0], group[0].bias)
-        diff = float((got - group[0](inputs[0])).abs().max())
+        eager, fast, flipped = (
+            timed(functools.partial(_run_linears, calls, way))
+            for way in ("F.linear", "packed", "transposed")
+        )
+        first, bias = group[0], group[0].bias
+        want = F.linear(inputs[0], first.weight, bias)
+        diff = float((_packed_linear(inputs[0], packed[0], bias) - want).abs().max())
+        flipped_diff = float((transposed(inputs[0], first.weight, bias) - want).abs().max())
         out += [
             {"part": f"{name}: F.linear", "rows": rows, "ms": eager},
             {"part": f"{name}: packed for oneDNN", "rows": rows, "ms": fast, "linear_diff": diff},
+            {"part": f"{name}: W @ x.T", "rows": rows, "ms": flipped, "linear_diff": flipped_diff},
         ]
     return out
 
 
-def _run_linears(calls: list[tuple[Any, torch.Tensor, torch.Tensor]], packed: bool) -> None:
+def _run_linears(calls: list[tuple[Any, torch.Tensor, torch.Tensor]], way: str) -> None:
     from kvboost_rag.core.model.packed import _packed_linear
+    from kvboost_rag.core.model.skinny import transposed
 
-    for module, x, weight in calls:
-        _packed_linear(x, weight, module.bias) if packed else module(x)
+    for module, x, packed in calls:
+        if way == "packed":
+            _packed_linear(x, packed, module.bias)
+        elif way == "transposed":
+            transposed(x, module.weight, module.bias)
+        else:
+            F.linear(x, module.weight, module.bias)
 
 
 def attention_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
