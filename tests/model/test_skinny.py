@@ -121,3 +121,13 @@ def test_the_engines_runner_measures_its_counts_when_it_warms_up(
     engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))
     assert engine._handle.executor.runner.skinny == frozenset(range(2, 9))
     assert all(type(layer) is skinny.SkinnyLinear for layer in skinny.install(model))
+
+
+def test_a_users_torch_compile_traces_the_installed_layers_whole() -> None:
+    model = make_model("llama")
+    skinny.install(model)
+    mlp = model.get_decoder().layers[0].mlp
+    compiled = torch.compile(mlp, backend="eager", fullgraph=True)  # a graph break raises
+    x = torch.randn(1, 3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), mlp(x))
