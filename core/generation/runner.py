@@ -18,7 +18,7 @@ import torch
 
 from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model import skinny
-from kvboost_rag.core.model.arch import SLIDING, ModelSupport
+from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
 from kvboost_rag.core.model.packed import PackedHead
 
@@ -30,8 +30,7 @@ class Runner:
         self.model = model
         self.support = support
         self.slots = slots
-        window = support.sliding_window
-        self.windows = tuple(window if t == SLIDING else None for t in support.layer_types)
+        self.windows = support.windows
         self.head = PackedHead(model)
         self.skinny: frozenset[int] = frozenset()  # row counts taken as W @ x.T (warm_up)
         self.forwards = 0

@@ -47,6 +47,12 @@ class ModelSupport:
     passage_reuse: bool  # cached passages may move to new positions
     reason: str | None  # why passage reuse is off, when it is
 
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Per layer, its sliding window (None: full attention), as ``cached_tail`` takes
+        them."""
+        return tuple(self.sliding_window if t == SLIDING else None for t in self.layer_types)
+
     def attention_masks(
         self, build: Callable[[int | None], torch.Tensor]
     ) -> torch.Tensor | dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.core.model.arch import SLIDING, model_support
+from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import attention_scores, cached_tail, runs_sdpa
 from kvboost_rag.core.model.hf_compat import eager_attention
 from kvboost_rag.core.model.kv import LayerKV, head, new_kv_of_layer, to_cache
@@ -186,7 +186,10 @@ def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, t
     cache = to_cache(head(plan.assembled, plan.exact), model.config)
     ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
     # contiguous after the exact prefix: attention splits there instead of taking a mask
-    with new_kv_of_layer(cache, layers - 1) as caught, cached_tail(plan.exact, _windows(model)):
+    with (
+        new_kv_of_layer(cache, layers - 1) as caught,
+        cached_tail(plan.exact, model_support(model).windows),
+    ):
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
     assert caught, f"the forward never wrote layer {layers - 1}'s keys"
     return caught[0]
@@ -210,7 +213,7 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
     if runs_sdpa(model):
         with (
             attention_scores(score, tail),
-            cached_tail(tail, _windows(model)),
+            cached_tail(tail, model_support(model).windows),
             _first_layers(model, layers),
         ):
             forward()
@@ -227,10 +230,3 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
         for hook in hooks:
             hook.remove()
     return score
-
-
-def _windows(model: Any) -> tuple[int | None, ...]:
-    """Per decoder layer, its sliding window (None: full attention), as ``cached_tail``
-    takes them."""
-    support = model_support(model)
-    return tuple(support.sliding_window if t == SLIDING else None for t in support.layer_types)
