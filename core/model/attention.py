@@ -12,12 +12,15 @@ SDPA's fast path), merged by their log-sum-exp, exactly the softmax over both.
 A decoding step of one request is one query, and there the CPU flash kernel is the slow
 choice: it blocks over queries and batch rows, so a single query leaves it little to
 parallelize. SmolLM2's 30 layers spent 17 ms per step in it over 900 keys, against 4 ms for
-the same attention as two matrix products per key-value head in float32; with 8 rows the
-kernel has work to share out and the two are even (26 and 28 ms), so it keeps them
-(``kvboost-rag bench step``, 2-core AMD EPYC, bf16). The engine's own one-row, one-query
-forwards (``engine_forwards``) take that form (``single_query_attention``): scores, softmax
-and weighted sum in float32, the query heads of a group sharing their key-value head
-without copying it.
+the same attention as two matrix products per key-value head in float32 (``kvboost-rag
+bench step``, 2-core AMD EPYC, bf16). Rows decoding together feed one query each, or a few
+when they verify drafts, under the step's mask, and transformers' SDPA path then copies
+every key-value head for its query heads (``repeat_kv``): 8 rows of one query over 900 keys
+took 45 ms there in fp32 against 29 ms without the copy, and 8 rows of 3 queries over 1024
+keys 131 ms through the kernel's grouped heads against 76 ms as matrix products. So the
+engine's own forwards (``engine_forwards``) take that form for up to ``FEW_QUERIES`` queries
+a row (``few_query_attention``): scores, softmax and weighted sum in float32, the query
+heads of a group and their queries one matrix against their key-value head, read once.
 
 Registered as ``kvboost_sdpa`` (``install``): for any forward the engine does not mark
 (``cached_tail``, ``engine_forwards``), and for layers it cannot split (a sliding window
@@ -46,6 +49,7 @@ from kvboost_rag.core.model.hf_compat import (
 )
 
 NAME = "kvboost_sdpa"
+FEW_QUERIES = 4  # queries per row that ``few_query_attention`` takes under a mask
 # (cached positions, per layer the sliding window or None) of the forward running now
 _TAIL: contextvars.ContextVar[tuple[int, tuple[int | None, ...]] | None] = contextvars.ContextVar(
     "kvboost_tail", default=None
@@ -70,8 +74,8 @@ _ENGINE: contextvars.ContextVar[bool] = contextvars.ContextVar("kvboost_engine",
 
 @contextmanager
 def engine_forwards() -> Iterator[None]:
-    """Mark the forwards inside as the engine's own: their single-query layers may take
-    ``single_query_attention``."""
+    """Mark the forwards inside as the engine's own: their decoding steps' layers may take
+    ``few_query_attention``."""
     token = _ENGINE.set(True)
     try:
         yield
@@ -125,11 +129,15 @@ def attention(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    if torch.compiler.is_compiling():  # a user's torch.compile: transformers' SDPA, unbroken
+        return sdpa_attention_forward(  # type: ignore[no-any-return]
+            module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+        )
     probe = _PROBE.get()
     if probe is not None:
         _add_scores(probe[0], probe[1], module, query, key, attention_mask, scaling)
-    if _ENGINE.get() and _single_query(query, dropout, kwargs):
-        return single_query_attention(module, query, key, value, attention_mask, scaling), None
+    if _ENGINE.get() and _few_queries(query, attention_mask, dropout, kwargs):
+        return few_query_attention(module, query, key, value, attention_mask, scaling), None
     if _ENGINE.get() and _grouped_under_mask(module, query, attention_mask, dropout, kwargs):
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
@@ -236,17 +244,21 @@ def _grouped_under_mask(
     )
 
 
-def _single_query(query: torch.Tensor, dropout: float, kwargs: dict[str, Any]) -> bool:
-    # one row, one query; attention sinks (``s_aux``) and dropout stay with transformers'
+def _few_queries(
+    query: torch.Tensor, mask: torch.Tensor | None, dropout: float, kwargs: dict[str, Any]
+) -> bool:
+    # A decoding step: one query per row, or a few (drafts) under the step's mask. Without
+    # a mask, several queries are a causal continuation (``split_attention``'s). Attention
+    # sinks (``s_aux``) and dropout stay with transformers'.
     return (
-        query.shape[0] == query.shape[2] == 1
+        (query.shape[2] == 1 or (mask is not None and query.shape[2] <= FEW_QUERIES))
         and query.device.type == "cpu"
         and not dropout
         and not kwargs.get("s_aux")
     )
 
 
-def single_query_attention(
+def few_query_attention(
     module: Any,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -254,20 +266,25 @@ def single_query_attention(
     mask: torch.Tensor | None,
     scaling: float | None,
 ) -> torch.Tensor:
-    """Attention of one query per row (``[batch, heads, 1, dim]``) over ``key``/``value``
-    (``[batch, kv_heads, keys, dim]``) under ``mask`` (boolean: True attends; or additive),
-    in float32; returns ``[batch, 1, heads, dim]`` in the query's dtype."""
-    batch, heads, _, dim = query.shape
+    """Attention of a few queries per row (``[batch, heads, q, dim]``) over ``key``/``value``
+    (``[batch, kv_heads, keys, dim]``) under ``mask`` (``[batch, 1, q, >=keys]``, boolean:
+    True attends; or additive), in float32; returns ``[batch, q, heads, dim]`` in the
+    query's dtype. The query heads of a group and their queries are one matrix against
+    their key-value head, so each layer's keys and values are read once."""
+    batch, heads, q, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
     # query head h reads key-value head h // groups (``repeat_kv``'s order)
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim).float()
+    grouped = query.reshape(batch, kv_heads, groups * q, dim).float()
     scores = torch.matmul(grouped, key.float().transpose(-1, -2)) * scale
     if mask is not None:
-        mask = mask[:, :, -1:, :keys]  # [batch, 1, 1, keys]
+        scores = scores.view(batch, kv_heads, groups, q, keys)
+        mask = mask[:, :, None, -q:, :keys]  # [batch, 1, 1, q, keys]
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask.float()
+        scores = scores.view(batch, kv_heads, groups * q, keys)
     out = torch.matmul(torch.softmax(scores, dim=-1), value.float())
-    return out.view(batch, 1, heads, dim).to(query.dtype)
+    return out.view(batch, heads, q, dim).transpose(1, 2).to(query.dtype)

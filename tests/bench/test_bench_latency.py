@@ -84,4 +84,4 @@ def test_step_report_times_each_part_and_compares_the_attentions(tmp_path) -> No
             assert row["linear_diff"] < 1e-4
     transposed = [r for r in report["rows"] if r["part"].endswith("W @ x.T")]
     assert len(transposed) == 4 and all("linear_diff" in r for r in transposed)
-    assert "single_query_attention" in (tmp_path / "step-float32.txt").read_text()
+    assert "few_query_attention" in (tmp_path / "step-float32.txt").read_text()

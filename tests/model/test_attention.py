@@ -57,21 +57,30 @@ def test_eager_models_are_left_alone(tokenizer) -> None:
     assert result.reused_tokens > 0 and model.config._attn_implementation == "eager"
 
 
-@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
-@pytest.mark.parametrize(("heads", "kv_heads", "rows"), [(4, 4, 1), (6, 2, 1), (6, 2, 3)])
-def test_single_query_attention_equals_sdpa(
-    mask_kind: str | None, heads: int, kv_heads: int, rows: int
+# several queries without a mask are a causal continuation: ``split_attention``'s case
+@pytest.mark.parametrize(
+    ("mask_kind", "heads", "kv_heads", "rows", "queries"),
+    [
+        (mask, *shape)
+        for shape in [(4, 4, 1, 1), (6, 2, 1, 1), (6, 2, 3, 1), (6, 2, 3, 3), (4, 1, 2, 4)]
+        for mask in [None, "bool", "additive"]
+        if mask is not None or shape[-1] == 1
+    ],
+)
+def test_few_query_attention_equals_sdpa(
+    mask_kind: str | None, heads: int, kv_heads: int, rows: int, queries: int
 ) -> None:
-    """The engine's decoding steps take ``single_query_attention``: what transformers' SDPA
-    computes for the same query, keys, values and mask (GQA heads included)."""
+    """The engine's decoding steps (one query a row, or a few drafted ones under the step's
+    mask) take ``few_query_attention``: what transformers' SDPA computes for the same
+    queries, keys, values and mask (GQA heads included)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from kvboost_rag.core.model.attention import single_query_attention
+    from kvboost_rag.core.model.attention import few_query_attention
 
     generator = torch.Generator().manual_seed(0)
-    query = torch.randn(rows, heads, 1, 16, generator=generator)
+    query = torch.randn(rows, heads, queries, 16, generator=generator)
     key, value = (torch.randn(rows, kv_heads, 37, 16, generator=generator) for _ in range(2))
-    allowed = torch.rand(rows, 1, 1, 37, generator=generator) > 0.3
+    allowed = torch.rand(rows, 1, queries, 37, generator=generator) > 0.3
     allowed[..., -1] = True  # every row sees its own position
     mask = {
         None: None,
@@ -84,24 +93,24 @@ def test_single_query_attention_equals_sdpa(
     module.num_key_value_groups = heads // kv_heads  # type: ignore[assignment]
     module.is_causal = True  # type: ignore[assignment]
     want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
-    got = single_query_attention(module, query, key, value, mask, scaling=0.3)
+    got = few_query_attention(module, query, key, value, mask, scaling=0.3)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
-def test_single_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
-    """Only the engine's own forwards take the single-query form."""
+def test_few_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
+    """Only the engine's own forwards take the few-query form."""
     from kvboost_rag.core.model import attention as attention_module
 
     model = make_model("llama")
     assert install(model)
     calls = []
-    original = attention_module.single_query_attention
+    original = attention_module.few_query_attention
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, "single_query_attention", counting)
+    monkeypatch.setattr(attention_module, "few_query_attention", counting)
     ids = torch.randint(3, 90, (1, 10))
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=3, do_sample=False)
@@ -141,3 +150,25 @@ def test_grouped_queries_under_a_mask_equal_sdpa_without_copying_keys(
         got, _ = attention_module.attention(module, query, key, value, mask, scaling=0.3)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert not copies
+
+
+def test_a_users_torch_compile_traces_the_engines_attention_whole() -> None:
+    """The registered attention reads the engine's context variables only outside a
+    compiled graph: under a user's ``torch.compile`` it is transformers' SDPA, unbroken."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvboost_rag.core.model import attention as attention_module
+
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(2, 6, 3, 16, generator=generator)
+    key, value = (torch.randn(2, 2, 9, 16, generator=generator) for _ in range(2))
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3  # type: ignore[assignment]
+    module.is_causal = True  # type: ignore[assignment]
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention_module.attention(module, q, k, v, None, scaling=0.25)[0]
+
+    compiled = torch.compile(run, backend="eager", fullgraph=True)  # a graph break raises
+    want, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.25)
+    torch.testing.assert_close(compiled(query, key, value), want)

@@ -11,7 +11,7 @@ On the loaded model's own modules, one token per row:
   ``W @ x.T`` (``core/model/skinny.py``: the engine's layers over 2-32 rows);
 - the attention of every layer over ``--keys`` cached keys: transformers' SDPA path (torch's
   CPU flash kernel; with a mask at several rows, as the executor's batched steps pass one)
-  and the engine's ``single_query_attention``, with the largest difference between them.
+  and the engine's ``few_query_attention``, with the largest difference between them.
 
 Prints the table and writes ``step-<dtype>.json``. The decode benchmark
 (``bench decode``) measures whole answers; this one says where a step's time goes.
@@ -34,7 +34,7 @@ from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.model.arch import model_support
-from kvboost_rag.core.model.attention import single_query_attention
+from kvboost_rag.core.model.attention import few_query_attention
 from kvboost_rag.core.model.packed import median_seconds
 
 
@@ -132,16 +132,14 @@ def attention_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
     sdpa = timed(
         lambda: [sdpa_attention_forward(m, query, key, value, mask, scaling=scale) for m in modules]
     )
-    ours = timed(
-        lambda: [single_query_attention(m, query, key, value, mask, scale) for m in modules]
-    )
+    ours = timed(lambda: [few_query_attention(m, query, key, value, mask, scale) for m in modules])
     want = sdpa_attention_forward(modules[0], query, key, value, mask, scaling=scale)[0]
-    got = single_query_attention(modules[0], query, key, value, mask, scale)
+    got = few_query_attention(modules[0], query, key, value, mask, scale)
     diff = float((want.float() - got.float()).abs().max())
     name = f"attention, {len(modules)} layers, 1 query over {keys} keys"
     return [
         {"part": f"{name}: SDPA (CPU flash)", "rows": rows, "ms": sdpa},
-        {"part": f"{name}: single_query_attention", "rows": rows, "ms": ours, "max_diff": diff},
+        {"part": f"{name}: few_query_attention", "rows": rows, "ms": ours, "max_diff": diff},
     ]
 
 
