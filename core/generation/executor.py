@@ -65,8 +65,13 @@ FILL_ROWS = {"cpu": 1}
 # every row's forward (rows are padded to the longest draft), so a short draft pays where
 # a request's own 8 would not. 8 concurrent 256-token answers (SmolLM2-135M fp32, 2-core
 # AVX2 EPYC, docs/bench/decode-concurrent-float32.txt) measured 45.4 against 37.1 tokens/s
-# extractive and 41.8 against 33.5 open-ended with and without; 4 a row measured alike.
-BATCH_DRAFT_TOKENS = 2
+# extractive and 41.8 against 33.5 open-ended with 2 drafted and none. At 64 tokens, where
+# the 8 prefills take most of the time, 2 was below none open-ended (18.5 against 22.8);
+# one step of 8 rows over ~900 keys took ~170 / ~200 / ~250 ms feeding 1 / 2 / 3 tokens a
+# row, and in one run of every choice, twice, 1 drafted measured 12.7-13.2 tokens/s
+# open-ended against 12.6-12.8 for none and 11.7-12.4 for 2 (extractive 14.3 twice for 1,
+# 13.6-15.0 for none, 12.6-14.8 for 2; greedy answers identical throughout).
+BATCH_DRAFT_TOKENS = 1
 
 
 class Job:
