@@ -56,9 +56,9 @@ def bos_vs_prefix(cells: dict[str, Any], options: Sequence[str]) -> dict[str, An
 
 
 def print_prefix(table: dict[str, Any]) -> None:
-    if not table:
+    tasks = list(next(iter(table.values()))) if table else []
+    if not tasks:  # no 1k all-warmed cell ran (``--sizes 8``)
         return
-    tasks = list(next(iter(table.values())))
     print(f"\nBOS vs real prefix (1k, {MAIN}, all warmed): accuracy share, answer KL, speed-up")
     print(f"{'option':<22}" + "".join(f"{t + ' share%':>14}{'KL':>7}{'speedup':>9}" for t in tasks))
     for name, row in table.items():
