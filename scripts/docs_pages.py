@@ -37,13 +37,13 @@ def _text_block(name: str) -> str:
 def headline() -> str:
     from kvboost_rag.bench.latency.report import headline as render
 
-    return render(_json("latency-bfloat16.json"))
+    return render(_json("latency-float32.json"))
 
 
-def latency_table() -> str:
+def latency_table(name: str) -> str:
     from kvboost_rag.bench.latency.report import summarize, table
 
-    report = _json("latency-bfloat16.json")
+    report = _json(name)
     report["summary"] = summarize(report["rows"])  # a record from before a column was added
     return "```text\n" + table(report) + "\n```"
 
@@ -200,8 +200,15 @@ def _cell(text: str) -> str:
 
 # section name -> (the pages holding it, its rendering)
 SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
-    "latency-bfloat16.json headline": (("README.md", "docs/index.md"), headline),
-    "latency-bfloat16.json": (("docs/bench/latency.md",), latency_table),
+    "latency-float32.json headline": (("README.md", "docs/index.md"), headline),
+    "latency-float32.json": (
+        ("docs/bench/latency.md",),
+        lambda: latency_table("latency-float32.json"),
+    ),
+    "latency-bfloat16.json": (
+        ("docs/bench/latency.md",),
+        lambda: latency_table("latency-bfloat16.json"),
+    ),
     "bench.json": (("docs/bench/index.md",), bench_suite),
     "langchain-float32.json": (("docs/bench/langchain.md",), langchain),
     "llamaindex.json": (("docs/bench/llamaindex.md",), llamaindex),
@@ -215,6 +222,14 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "front-adaptive-float32.txt": (
         ("docs/bench/fidelity.md",),
         text_file("front-adaptive-float32.txt"),
+    ),
+    "front-deviation-2k-gemma3-270m-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-deviation-2k-gemma3-270m-float32.txt"),
+    ),
+    "front-deviation-2k-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-deviation-2k-float32.txt"),
     ),
     "front-deviation-float32.txt": (
         ("docs/bench/fidelity.md",),
@@ -241,6 +256,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "decode-concurrent-float32.txt": (
         ("docs/bench/decode.md",),
         text_file("decode-concurrent-float32.txt"),
+    ),
+    "decode-concurrent-64-float32.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-concurrent-64-float32.txt"),
     ),
     "decode-float32.txt": (("docs/bench/decode.md",), text_file("decode-float32.txt")),
     "decode-peers-float32.txt": (
