@@ -262,6 +262,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         text_file("decode-concurrent-64-float32.txt"),
     ),
     "decode-float32.txt": (("docs/bench/decode.md",), text_file("decode-float32.txt")),
+    "decode-avx512-float32.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-avx512-float32.txt"),
+    ),
     "decode-peers-float32.txt": (
         ("docs/bench/decode.md",),
         text_file("decode-peers-float32.txt"),
