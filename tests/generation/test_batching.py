@@ -13,6 +13,7 @@ import torch
 from conftest import make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.generation import batch as batch_module
 from kvboost_rag.core.generation import executor as executor_module
 from kvboost_rag.core.generation import sampler as sampler_module
 from kvboost_rag.core.generation import slots as slots_module
@@ -108,8 +109,8 @@ def test_every_fill_schedule_gives_the_serial_answers(
     tokenizer: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(executor_module, "FILL_TOKENS", fill_tokens)
-    monkeypatch.setattr(executor_module, "FILL_ROWS", fill_rows)
+    monkeypatch.setattr(batch_module, "FILL_TOKENS", fill_tokens)
+    monkeypatch.setattr(batch_module, "FILL_ROWS", fill_rows)
     batched, serial = engines("llama", tokenizer, fidelity=fidelity)
     work = prompts(6)
     if fidelity != "exact":

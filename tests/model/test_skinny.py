@@ -119,7 +119,7 @@ def test_the_engines_runner_measures_its_counts_when_it_warms_up(
     monkeypatch.setattr(skinny, "_faster", lambda layers, count: count <= 8)
     model = make_model("llama")
     engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))
-    assert engine._handle.executor.runner.skinny == frozenset(range(2, 9))
+    assert engine._handle.executor.batch.runner.skinny == frozenset(range(2, 9))
     assert all(type(layer) is skinny.SkinnyLinear for layer in skinny.install(model))
 
 

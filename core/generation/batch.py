@@ -1,0 +1,318 @@
+"""The rows decoding together: one turn schedules, runs and postprocesses them.
+
+nano-vllm's shape, for the executor's thread (``executor.py`` owns the thread and the
+queues; this module owns the rows): each turn *schedules* (admits waiting requests whose
+context can be built, picks the rows to fill and to decode), *runs* forwards through the
+``Runner`` and *postprocesses* (picks tokens, streams them, ends requests). One decode path
+serves every batch size: a batch of one is a batch whose forward needs no mask.
+
+- Admission builds a request's context in a free row: the KV its lookup found, passages
+  it must encode, the repair's choice of positions. Storage is never touched here: the
+  lookup ran on the caller's thread, and stores after an answer are queued by the owner.
+- Fill forwards compute the positions a context still needs (a cold prefill, the tail
+  after a cached prefix, a repair pass), for every building row at once. While others
+  decode, each turn feeds at most ``FILL_TOKENS`` of them, so streams keep flowing
+  (chunked prefill); a row's last fill picks its first token.
+- Decode forwards feed each running row its last token and, where its text suggests what
+  follows, a draft to verify (``speculation.py``).
+
+Not thread-safe: only the thread running the executor's loop touches a ``Batch``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvboost_rag.core.generation.request import Request, Status
+from kvboost_rag.core.generation.result import BatchStats
+from kvboost_rag.core.generation.runner import Runner
+from kvboost_rag.core.generation.slots import SlotCache
+from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.model.kv import LayerKV
+
+# Fill tokens per turn while other requests decode: a build then delays their next token
+# by one such forward, not by the whole prompt. Smaller chunks cost more per token (each
+# re-reads the row's cached keys; 512 measured 1.18 ms per prompt token against 0.88 for a
+# whole ~830-token prompt), so a typical RAG prompt is one chunk.
+FILL_TOKENS = 1024
+# Building rows filled in one forward. On a CPU a forward is compute-bound: rows filled
+# together gain nothing and take the masked, padded path (measured on SmolLM2, bf16, 2
+# cores: 1.25 ms per prompt token for 2-3 rows filled together, 0.88 for one alone), so a
+# CPU fills one row a turn; an accelerator batches them.
+FILL_ROWS = {"cpu": 1}
+# Drafted tokens per row when several rows decode at once: each is one more query row in
+# every row's forward (rows are padded to the longest draft), so a short draft pays where
+# a request's own 8 would not. 8 concurrent 256-token answers (SmolLM2-135M fp32, 2-core
+# AVX2 EPYC, docs/bench/decode-concurrent-float32.txt) measured 45.4 against 37.1 tokens/s
+# extractive and 41.8 against 33.5 open-ended with 2 drafted and none. At 64 tokens, where
+# the 8 prefills take most of the time, 2 was below none open-ended (18.5 against 22.8);
+# one step of 8 rows over ~900 keys took ~170 / ~200 / ~250 ms feeding 1 / 2 / 3 tokens a
+# row, and in one run of every choice, twice, 1 drafted measured 12.7-13.2 tokens/s
+# open-ended against 12.6-12.8 for none and 11.7-12.4 for 2 (extractive 14.3 twice for 1,
+# 13.6-15.0 for none, 12.6-14.8 for 2; greedy answers identical throughout).
+BATCH_DRAFT_TOKENS = 1
+
+
+class Row:
+    """A request's row, as its owner's context build sees it (``RowKV``)."""
+
+    def __init__(self, slots: SlotCache, index: int) -> None:
+        self._slots = slots
+        self.index = index
+
+    def write(self, start: int, kv: LayerKV) -> None:
+        self._slots.write_kv(self.index, start, kv)
+
+    def zero(self, start: int, end: int) -> None:
+        self._slots.zero(self.index, start, end)
+
+    def views(self, start: int, end: int) -> LayerKV:
+        return self._slots.views(self.index, start, end)
+
+    def copy(self, start: int, end: int) -> LayerKV:
+        return self._slots.read(self.index, start, end)
+
+    @property
+    def length(self) -> int:
+        return self._slots.lengths[self.index]
+
+
+class Batch:
+    """Every request holding a row of the model's KV cache, and the forwards that serve
+    them. Rows are ordered: the running ones first, then the building ones."""
+
+    def __init__(self, model: Any, support: ModelSupport) -> None:
+        self.slots = SlotCache(len(support.layer_types))
+        self.runner = Runner(model, support, self.slots)
+        self.rows: list[Request] = []
+        self._fill_rows = FILL_ROWS.get(torch.device(model.device).type)
+        self._steps = self._stepped_rows = self._peak = 0
+        self._seconds = 0.0
+
+    def turn(self, next_waiting: Callable[[], Request | None]) -> None:
+        """One turn: end cancelled requests, admit what ``next_waiting`` hands over (it
+        returns None when nothing may be admitted), feed building rows, decode running ones."""
+        self._end_cancelled()
+        self._admit(next_waiting)
+        self._fill()
+        self._decode()
+
+    def fail_all(self, error: BaseException) -> None:
+        """A turn failed where the batch could not be kept: every request in it fails."""
+        for request in list(self.rows):
+            self._fail(request, error)
+
+    def stats(self) -> BatchStats:
+        return BatchStats(self._steps, self._stepped_rows, self._peak, self._seconds)
+
+    # -- schedule ----------------------------------------------------------------------
+
+    def running(self) -> int:
+        return sum(r.status is Status.RUNNING for r in self.rows)
+
+    def admits(self, request: Request) -> bool:
+        """Whether ``request`` may take a row: every engine involved allows the batch."""
+        limit = min(r.limit for r in [*self.rows, request])
+        return len(self.rows) < limit
+
+    def _admit(self, next_waiting: Callable[[], Request | None]) -> None:
+        """Waiting requests take rows while ``next_waiting`` hands one over."""
+        while (request := next_waiting()) is not None:
+            if request.cancel.is_set():
+                self._end(request, None)
+                continue
+            self._build(request)
+
+    def _build(self, request: Request) -> None:
+        row = len(self.rows)
+        self.rows.append(request)
+        self.slots.reserve(row + 1, len(request.prompt.tokens))
+        self.slots.lengths[row] = 0
+        request.status = Status.BUILDING
+        request.timings.wait_ms = (time.perf_counter() - request.submitted_at) * 1e3
+        try:
+            request.context = request.owner.build(request, Row(self.slots, row))
+        except BaseException as error:  # this request's own failure (an encode, a probe)
+            self._fail(request, error)
+            return
+        request.fill = list(request.context.fill)
+        if request.feed is not None:
+            after = request.plan.length + 1
+            request.fill += range(after, after + len(request.feed))
+        request.filled_at = time.perf_counter()
+
+    def _fill_plan(self) -> list[tuple[Request, int]]:
+        """Building rows and how many positions each feeds this turn: all of them when no
+        row is decoding, else ``FILL_TOKENS`` in all, the earliest admitted first; at most
+        ``FILL_ROWS`` rows of them."""
+        building = [r for r in self.rows if r.status is Status.BUILDING]
+        budget = FILL_TOKENS if self.running() else None
+        plan: list[tuple[Request, int]] = []
+        for request in building:
+            if request.feed is not None:  # logits after several tokens: a forward of its own
+                return plan or [(request, len(request.fill))]
+            take = len(request.fill) if budget is None else min(len(request.fill), budget)
+            if take == 0:
+                break
+            plan.append((request, take))
+            if budget is not None:
+                budget -= take
+            if len(plan) == self._fill_rows:
+                break
+        return plan
+
+    # -- run and postprocess -----------------------------------------------------------
+
+    def _fill(self) -> None:
+        plan = self._fill_plan()
+        if not plan:
+            return
+        rows = [self.rows.index(r) for r, _ in plan]
+        tokens, positions = [], []
+        for request, take in plan:
+            chunk = request.fill[:take]
+            positions.append(chunk)
+            tokens.append([self._token_at(request, p) for p in chunk])
+        keep = 1 + (len(plan[0][0].feed or []) if len(plan) == 1 else 0)
+        try:
+            packed = [r.packed for r, _ in plan]
+            logits = self.runner.run_rows(rows, tokens, positions, keep, packed)
+        except BaseException as error:  # the forward failed: every request in it fails
+            for request, _ in plan:
+                self._fail(request, error)
+            return
+        for i, (request, take) in enumerate(plan):
+            request.fill = request.fill[take:]
+            if not request.fill:
+                self._first_token(request, logits[i])
+
+    def _token_at(self, request: Request, position: int) -> int:
+        prompt = request.prompt.tokens
+        return prompt[position] if position < len(prompt) else request.feed[position - len(prompt)]  # type: ignore[index]
+
+    def _first_token(self, request: Request, logits: Any) -> None:
+        request.timings.prefill_ms = (time.perf_counter() - request.filled_at) * 1e3
+        if request.feed is not None:
+            request.logits = logits
+            self._end(request, None)
+            return
+        self._start_running(request)
+        self._accept(request, logits[-1:], [])
+
+    def _start_running(self, request: Request) -> None:
+        """A built row becomes a running one: it moves next to the running rows."""
+        index, first_free = self.rows.index(request), self.running()
+        if index != first_free:
+            self.slots.swap_rows(index, first_free)
+            self.rows[index], self.rows[first_free] = self.rows[first_free], request
+        request.status = Status.RUNNING
+
+    def _decode(self) -> None:
+        """One forward over the running rows: each feeds its last token and, where its
+        text suggests what follows, a draft to verify (``speculation.py``)."""
+        count = self.running()
+        if not count:
+            return
+        start = time.perf_counter()
+        running = self.rows[:count]
+        drafts = [self._draft(r) for r in running]
+        tokens = [[r.tokens[-1], *d] for r, d in zip(running, drafts)]
+        positions = [
+            list(range(len(r.tokens) - 1, len(r.tokens) + len(d))) for r, d in zip(running, drafts)
+        ]
+        keep = max(map(len, tokens))
+        try:
+            packed = [r.packed for r in running]
+            logits = self.runner.run_rows(list(range(count)), tokens, positions, keep, packed)
+        except BaseException as error:
+            for request in running:
+                self._fail(request, error)
+            return
+        # Counted before any request ends: a caller woken by its last token reads them.
+        self._steps += 1
+        self._stepped_rows += count
+        self._peak = max(self._peak, count)
+        for i, (request, draft) in enumerate(zip(running, drafts)):
+            self._accept(request, logits[i, keep - 1 - len(draft) :], draft)
+        self._seconds += time.perf_counter() - start
+
+    def _draft(self, request: Request) -> list[int]:
+        if request.drafter is None:
+            return []
+        room = request.sampler.max_length - len(request.tokens) - 1  # the bonus token's
+        if self.running() > 1:
+            room = min(room, BATCH_DRAFT_TOKENS)
+        return request.drafter.draft(room)
+
+    def _accept(self, request: Request, logits: Any, draft: list[int]) -> None:
+        """Keep what the sampler accepts of ``draft`` (and its own next token), stream it,
+        and end the request when it is finished."""
+        try:
+            chosen, kept = request.sampler.verify(request.tokens, logits, draft)
+            request.drafted += len(draft)
+            request.accepted += kept
+            for token in chosen:
+                request.emit(token)
+            finished = request.sampler.finished(request.tokens)
+        except BaseException as error:  # a processor or a stream callback: this one only
+            self._fail(request, error)
+            return
+        if request.drafter is not None:
+            request.drafter.extend(chosen)
+            request.drafter.kept(len(draft), kept)
+        # Positions past the kept tokens hold a rejected draft's KV: no longer part of the row.
+        self.slots.crop(self.rows.index(request), len(request.tokens) - 1)
+        if finished:
+            self._end(request, None)
+
+    def _end_cancelled(self) -> None:
+        for request in [r for r in self.rows if r.cancel.is_set()]:
+            self._end(request, None)
+
+    # -- ending requests ---------------------------------------------------------------
+
+    def _fail(self, request: Request, error: BaseException) -> None:
+        self._end(request, error)
+
+    def _end(self, request: Request, error: BaseException | None) -> None:
+        """Finish ``request``: its owner stores what it wants from the row, the row is
+        freed, and the caller is woken."""
+        request.ended_at = time.perf_counter()
+        request.error = error
+        row = self.rows.index(request) if request in self.rows else None
+        try:
+            if error is None:
+                request.result = request.owner.result(request)
+                if row is not None:
+                    started = time.perf_counter()
+                    request.owner.finished(request, Row(self.slots, row))
+                    request.timings.store_ms = (time.perf_counter() - started) * 1e3
+        except BaseException as failure:  # building the result or queueing its stores
+            request.error = failure
+        if row is not None:
+            self._release(row)
+        request.status = Status.FINISHED
+        if request.on_end is not None:
+            try:
+                request.on_end(request)
+            except BaseException as failure:  # a stream's hand-off: the caller still wakes
+                request.error = request.error or failure
+        request.done.set()
+
+    def _release(self, row: int) -> None:
+        """Free ``row``, keeping the running rows first and contiguous."""
+        if self.rows[row].status is Status.RUNNING:
+            last_running = self.running() - 1  # this request still counts as running
+            self._move(last_running, row)
+            row = last_running  # the hole is now right after the other running rows
+        self._move(len(self.rows) - 1, row)
+        self.rows.pop()
+
+    def _move(self, source: int, target: int) -> None:
+        if source != target:
+            self.slots.move_row(source, target)
+            self.rows[target] = self.rows[source]
