@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.generation.slots import SlotCache, Write
-from kvboost_rag.core.model import skinny
+from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
 from kvboost_rag.core.model.packed import PackedHead
@@ -32,7 +32,7 @@ class Runner:
         self.slots = slots
         self.windows = support.windows
         self.head = PackedHead(model)
-        self.skinny: frozenset[int] = frozenset()  # row counts taken as W @ x.T (warm_up)
+        self.linears: dict[int, str] = {}  # row count -> the decoder's linear way (warm_up)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -59,8 +59,8 @@ class Runner:
         tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
         packed_head = self._packs(packed)
         rows_fed = len(tokens) * max(map(len, tokens))
-        transposed = skinny.rows(self.skinny) if rows_fed in self.skinny else nullcontext()
-        with self.slots.forward(write) as cache, tail, engine_forwards(), transposed:
+        way = linears.using(linears.way_for(self.linears, rows_fed))
+        with self.slots.forward(write) as cache, tail, engine_forwards(), way:
             inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
             inputs |= {"cache": cache, "use_cache": True}
             if packed_head:
@@ -75,16 +75,17 @@ class Runner:
 
     def warm_up(self, row: int, packed: bool | None) -> None:
         """Pay the first forward's one-time costs before any request does: the packed
-        head's pack and check (unless ``packed`` is False), measuring the row counts the
-        decoder's linear layers take transposed (``skinny``), and the kernels a prefill, a
-        cached prefix's continuation and a decoding step take. Uses free row ``row`` and
-        leaves it empty. Measured on SmolLM2-135M (fp32, 2-core AVX2 EPYC): the first
-        request after a new engine took its first token 1.2 s later than the next ones
-        (0.85-0.95 s of it the head's check), which ``generate`` never pays."""
+        head's pack and check (unless ``packed`` is False), measuring the way the decoder's
+        linear layers take for each row count (``linears``, packing them if one does), and
+        the kernels a prefill, a cached prefix's continuation and a decoding step take.
+        Uses free row ``row`` and leaves it empty. Measured on SmolLM2-135M (fp32, 2-core
+        AVX2 EPYC): the first request after a new engine took its first token 1.2 s later
+        than the next ones (0.85-0.95 s of it the head's check), which ``generate`` never
+        pays."""
         forwards, fed = self.forwards, self.tokens
         vocab = int(self.model.config.vocab_size)
         ids = [i % vocab for i in range(1, 9)]
-        self.skinny = skinny.measure(self.model)
+        self.linears = linears.measure(self.model)
         with torch.inference_mode():
             self.run_rows([row], [ids], [range(8)])
             self.run_rows([row], [ids], [range(8, 16)])

@@ -11,11 +11,11 @@ Measured on a 2-core AMD EPYC (AVX2, fp32), SmolLM2-135M's lm_head in the model,
 | ``F.linear`` (ms) | 12.4 | 22.2 | 31.5 | 38.7 | 60.1 |
 | packed (ms) | 8.6 | 6.7 | 11.4 | 17.3 | 30.6 |
 
-The decoder layers' weights gain nothing from packing there. Each is read once per step
-from memory, and a step's linear layers took the same time either way: 58 ms against
-56 ms at 8 rows, in a profile of the engine's steps. So only the head is packed. It is what
-inductor's freezing pass does to linear weights (``kvboost-rag bench step``), without a
-compile per model and shape.
+The decoder layers' weights gained nothing from packing on that CPU (a step's linear layers
+took 58 ms against 56 ms at 8 rows); on an AVX-512 one they take a third of the time, so
+whether they are packed is measured per model (``linears.py``). It is what inductor's
+freezing pass does to linear weights (``kvboost-rag bench step``), without a compile per
+model and shape.
 
 How: the runner runs the model's decoder (``get_decoder()``) and applies the packed head
 itself to the rows it keeps, so the model is not modified and a user's own calls are
@@ -51,15 +51,23 @@ def supported(model: Any) -> bool:
     """Whether ``model``'s head can be packed here: on a CPU with oneDNN, in fp32 (or bf16
     where oneDNN computes it natively), torch's ops present, a plain ``nn.Linear`` head and
     a decoder to run apart."""
-    if torch.device(model.device).type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if torch.device(model.device).type != "cpu":
         return False
     if _head(model) is None or not callable(getattr(model, "get_decoder", None)):
         return False
-    if model.dtype == torch.bfloat16:
+    return packs_dtype(model.dtype)
+
+
+def packs_dtype(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed matmul computes ``dtype`` here: fp32, or bf16 where oneDNN
+    computes it natively; False where torch lacks the ops."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    if dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return bool(model.dtype == torch.float32)
+    return bool(dtype == torch.float32)
 
 
 def _head(model: Any) -> torch.nn.Linear | None:
@@ -69,11 +77,11 @@ def _head(model: Any) -> torch.nn.Linear | None:
     return head if type(head) is torch.nn.Linear else None
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> Any:
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> Any:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -112,7 +120,7 @@ class PackedHead:
         hidden = self.model.get_decoder()(**inputs).last_hidden_state
         head = _head(self.model)
         assert head is not None
-        return _packed_linear(hidden[:, -keep:], self._weight(head.weight), head.bias)  # type: ignore[no-any-return]
+        return packed_linear(hidden[:, -keep:], self._weight(head.weight), head.bias)  # type: ignore[no-any-return]
 
     def _weight(self, weight: torch.Tensor) -> torch.Tensor:
         """The packed copy of ``weight``, packed anew if it changed since."""
@@ -124,7 +132,7 @@ class PackedHead:
             or entry[2] != weight.data_ptr()
         ):
             with torch.inference_mode():
-                entry = (weight, weight._version, weight.data_ptr(), _pack(weight))
+                entry = (weight, weight._version, weight.data_ptr(), pack(weight))
             self._packed = entry
         return entry[3]
 
@@ -144,7 +152,7 @@ class PackedHead:
             return True, False
         x = torch.randn(PACK_ROWS, head.in_features, dtype=head.weight.dtype, generator=_SEED)
         packed = self._weight(head.weight)
-        packed_s = median_seconds(lambda: _packed_linear(x, packed, head.bias), repeats=3)
+        packed_s = median_seconds(lambda: packed_linear(x, packed, head.bias), repeats=3)
         plain_s = median_seconds(lambda: F.linear(x, head.weight, head.bias), repeats=3)
         return True, packed_s < plain_s
 

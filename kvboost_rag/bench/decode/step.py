@@ -8,7 +8,7 @@ On the loaded model's own modules, one token per row:
   into the graph, the form it prepacks for oneDNN), with the compile time;
 - the decoder layers' linear layers, and the lm_head, through ``F.linear``, on weights
   prepacked for oneDNN (``core/model/packed.py``: the engine packs the head) and as
-  ``W @ x.T`` (``core/model/skinny.py``: the engine's layers over 2-32 rows);
+  ``W @ x.T`` (``core/model/linears.py``: the engine's layers over 2-32 rows);
 - the attention of every layer over ``--keys`` cached keys: transformers' SDPA path (torch's
   CPU flash kernel; with a mask at several rows, as the executor's batched steps pass one)
   and the engine's ``few_query_attention``, with the largest difference between them.
@@ -72,21 +72,21 @@ def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
 def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
     """The decoder layers' linear layers and the lm_head, through ``F.linear``, on weights
     reordered for oneDNN as ``PackedHead`` does (the engine packs only the head: each layer
-    weight is read once per step from memory), and as ``W @ x.T`` (``core/model/skinny.py``:
+    weight is read once per step from memory), and as ``W @ x.T`` (``core/model/linears.py``:
     the engine's decoder layers over 2-32 rows, where measured faster)."""
-    from kvboost_rag.core.model.packed import _pack, _packed_linear, supported
-    from kvboost_rag.core.model.skinny import transposed
+    from kvboost_rag.core.model.linears import transposed
+    from kvboost_rag.core.model.packed import pack, packed_linear, supported
 
     if not supported(model):
         return []
-    # plain linears and the engine's SkinnyLinear (a subclass) alike
+    # plain linears and the engine's EngineLinear (a subclass) alike
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     head = model.get_output_embeddings()
     layers = [m for m in linears if m is not head]
     out = []
     for name, group in ((f"linear layers, {len(layers)} of them", layers), ("lm_head", [head])):
         inputs = [torch.randn(rows, 1, m.in_features, dtype=model.dtype) for m in group]
-        packed = [_pack(m.weight) for m in group]
+        packed = [pack(m.weight) for m in group]
         calls = list(zip(group, inputs, packed))
         eager, fast, flipped = (
             timed(functools.partial(_run_linears, calls, way))
@@ -94,7 +94,7 @@ def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
         )
         first, bias = group[0], group[0].bias
         want = F.linear(inputs[0], first.weight, bias)
-        diff = float((_packed_linear(inputs[0], packed[0], bias) - want).abs().max())
+        diff = float((packed_linear(inputs[0], packed[0], bias) - want).abs().max())
         flipped_diff = float((transposed(inputs[0], first.weight, bias) - want).abs().max())
         out += [
             {"part": f"{name}: F.linear", "rows": rows, "ms": eager},
@@ -105,12 +105,12 @@ def linear_rows(model: Any, rows: int) -> list[dict[str, Any]]:
 
 
 def _run_linears(calls: list[tuple[Any, torch.Tensor, torch.Tensor]], way: str) -> None:
-    from kvboost_rag.core.model.packed import _packed_linear
-    from kvboost_rag.core.model.skinny import transposed
+    from kvboost_rag.core.model.linears import transposed
+    from kvboost_rag.core.model.packed import packed_linear
 
     for module, x, packed in calls:
         if way == "packed":
-            _packed_linear(x, packed, module.bias)
+            packed_linear(x, packed, module.bias)
         elif way == "transposed":
             transposed(x, module.weight, module.bias)
         else:

@@ -1,0 +1,207 @@
+"""The decoder's linear layers in the engine's forwards on a CPU: the fastest of three ways.
+
+Every decoder weight is multiplied by as many rows as a forward feeds: 1 in a decoding
+step, 2-9 when it verifies a draft or steps several requests at once, hundreds in a
+prefill. torch's ``F.linear`` (``x @ W.T``) is not the fastest way on every CPU and count:
+
+- *transposed*, ``(W @ x.T).T``, reads the weight as it is stored: for 2-8 rows on a 2-core
+  AMD EPYC with AVX2 (fp32), SmolLM2-135M's 210 decoder weights, one pass each, took
+  27 / 24 / 36 ms at 2 / 4 / 8 rows against 54 / 61 / 49 ms through ``F.linear``;
+- *packed*, a oneDNN matmul on the weight reordered once into its blocked layout (what
+  ``packed.py`` does for the head, and inductor's freezing pass for every linear weight).
+  On a 2-core AMD EPYC with AVX-512 (fp32), the same 210 weights (ms, one pass each):
+
+  | rows | 1 | 2 | 3 | 5 | 9 | 16 | 64 | 256 | 900 |
+  |---|---|---|---|---|---|---|---|---|---|
+  | ``F.linear`` | 47 | 68 | 79 | 60 | 73 | 85 | 151 | 506 | 1580 |
+  | transposed | 49 | 29 | 41 | 44 | 74 | 58 | 132 | 458 | 2311 |
+  | packed | 35 | 27 | 23 | 22 | 27 | 35 | 100 | 316 | 1146 |
+
+  It costs a second copy of the decoder's weights in memory, so it is only a candidate for
+  decoders up to ``PACKED_BYTES`` of linear weights.
+
+Which way each row count takes is measured per model when the engine warms up
+(``measure``): on the model's own weights (enough of them to stream from memory, as a step
+does, for the counts a step feeds), after a check that every way gives ``F.linear``'s
+product. The model's ``nn.Linear`` decoder layers become ``EngineLinear`` (``install``), a
+subclass that takes another way only inside the engine's forwards (``using``), so every
+other caller of the model runs ``nn.Linear.forward`` as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvboost_rag.core.model.packed import pack, packed_linear, packs_dtype
+
+PLAIN, TRANSPOSED, PACKED = "plain", "transposed", "packed"
+CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 64, 256, 1024)  # row counts measured
+STREAMED = 32  # counts up to this are timed over weights streamed from memory
+STREAMED_BYTES = 64 << 20  # weights timed per pass then: more than a CPU's last-level cache
+REPEATS = 3
+# Decoders whose linear weights are smaller than this are not measured (every count runs
+# F.linear): the timing would decide by noise, and two engines on equal tiny models would
+# round their logits differently.
+MEASURED_BYTES = 4 << 20
+PACKED_BYTES = 2 << 30  # packing is a candidate up to this much of linear weights
+
+# the way the forward running now takes (None: F.linear)
+_WAY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "kvboost_linear_way", default=None
+)
+
+
+class EngineLinear(torch.nn.Linear):
+    """``nn.Linear`` that, inside ``using``, computes its product the way given there."""
+
+    _packed: tuple[torch.Tensor, int, int] | None = None  # (packed, weight version, pointer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # a user's torch.compile traces nn.Linear, unbroken
+            return super().forward(x)
+        way = _WAY.get()
+        if way == TRANSPOSED and x.dim() >= 2:
+            return transposed(x, self.weight, self.bias)
+        if way == PACKED:
+            return packed_linear(x, self.packed_weight(), self.bias)
+        return super().forward(x)
+
+    def packed_weight(self) -> torch.Tensor:
+        """The weight reordered for oneDNN, reordered anew if it changed since."""
+        weight, entry = self.weight, self._packed
+        # an inference tensor keeps no version: only a new tensor is seen then
+        version = -1 if weight.is_inference() else weight._version
+        if entry is None or entry[1] != version or entry[2] != weight.data_ptr():
+            with torch.inference_mode():
+                entry = (pack(weight), version, weight.data_ptr())
+            self._packed = entry
+        return entry[0]
+
+
+def transposed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``weight @ x.T``."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.mm(weight, flat.T).T.contiguous()
+    if bias is not None:
+        out = out + bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@contextmanager
+def using(way: str) -> Iterator[None]:
+    """Inside, ``EngineLinear`` layers compute their product ``way``."""
+    token = _WAY.set(None if way == PLAIN else way)
+    try:
+        yield
+    finally:
+        _WAY.reset(token)
+
+
+def way_for(ways: dict[int, str], count: int) -> str:
+    """The way ``count`` rows take: that of the measured count at or above it (the largest
+    one's above it); ``PLAIN`` where ``ways`` has none."""
+    bucket = next((n for n in CANDIDATES if n >= count), CANDIDATES[-1])
+    return ways.get(bucket, PLAIN)
+
+
+def install(model: Any) -> list[EngineLinear]:
+    """Make the plain ``nn.Linear`` layers of ``model``'s decoder ``EngineLinear`` (the same
+    modules and weights; their forward is unchanged outside ``using``); the layers."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if decoder is None or torch.device(model.device).type != "cpu":
+        return []
+    layers = []
+    for module in decoder.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = EngineLinear
+        if type(module) is EngineLinear:
+            layers.append(module)
+    return layers
+
+
+def measure(model: Any) -> dict[int, str]:
+    """For each of ``CANDIDATES``, the way ``model``'s decoder layers are fastest here, where
+    it is not ``F.linear`` (none on a GPU, for a model without plain linear layers, for a
+    small decoder, or where a way's product differs). Packs every layer when a count takes
+    the packed way, so no request pays for it."""
+    layers = install(model)
+    if not layers or model.dtype not in (torch.float32, torch.bfloat16):
+        return {}
+    total = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
+    if total < MEASURED_BYTES:
+        return {}
+    ways = [PLAIN, TRANSPOSED]
+    if packs_dtype(model.dtype) and total <= PACKED_BYTES:
+        ways.append(PACKED)
+    with torch.inference_mode():
+        ways = [way for way in ways if _same(layers[0], way)]
+        streamed = _streamed(layers)
+        one_layer = _one_of_each_shape(layers)
+        _fastest(streamed, 1, ways)  # first-use costs
+        fastest = {
+            n: _fastest(streamed if n <= STREAMED else one_layer, n, ways) for n in CANDIDATES
+        }
+        chosen = {n: way for n, way in fastest.items() if way != PLAIN}
+        if PACKED in chosen.values():
+            for layer in layers:
+                layer.packed_weight()
+        else:
+            for layer in layers:
+                layer._packed = None  # the timed copies are not kept
+    return chosen
+
+
+def _streamed(layers: Sequence[EngineLinear]) -> list[EngineLinear]:
+    timed, size = [], 0
+    for layer in layers:
+        timed.append(layer)
+        size += layer.weight.numel() * layer.weight.element_size()
+        if size >= STREAMED_BYTES:
+            break
+    return timed
+
+
+def _one_of_each_shape(layers: Sequence[EngineLinear]) -> list[EngineLinear]:
+    seen: dict[tuple[int, int], EngineLinear] = {}
+    for layer in layers:
+        seen.setdefault((layer.out_features, layer.in_features), layer)
+    return list(seen.values())
+
+
+def _same(layer: EngineLinear, way: str) -> bool:
+    x = torch.randn(4, layer.in_features, generator=_SEED).to(layer.weight.dtype)
+    want = F.linear(x, layer.weight, layer.bias).float()
+    try:
+        with using(way):
+            got = layer(x).float()
+    except (RuntimeError, AttributeError, TypeError):  # an op missing, a layout refused
+        return False
+    tolerance = 1e-5 if layer.weight.dtype == torch.float32 else 2e-2
+    return bool((got - want).abs().max() <= tolerance * max(want.abs().max().item(), 1.0))
+
+
+def _fastest(layers: Sequence[EngineLinear], count: int, ways: Sequence[str]) -> str:
+    inputs = {
+        n: torch.randn(count, n, generator=_SEED).to(layers[0].weight.dtype)
+        for n in {layer.in_features for layer in layers}
+    }
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(REPEATS):  # interleaved, so a slow moment of the machine hits them all
+        for way in ways:
+            with using(way):
+                start = time.perf_counter()
+                for layer in layers:
+                    layer(inputs[layer.in_features])
+                times[way].append(time.perf_counter() - start)
+    return min(ways, key=lambda way: sorted(times[way])[REPEATS // 2])
+
+
+_SEED = torch.Generator().manual_seed(0)
