@@ -231,6 +231,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/fidelity.md",),
         text_file("front-deviation-2k-float32.txt"),
     ),
+    "front-deviation-packed-float32.txt": (
+        ("docs/bench/fidelity.md",),
+        text_file("front-deviation-packed-float32.txt"),
+    ),
     "front-deviation-float32.txt": (
         ("docs/bench/fidelity.md",),
         text_file("front-deviation-float32.txt"),
@@ -262,6 +266,14 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         text_file("decode-concurrent-64-float32.txt"),
     ),
     "decode-float32.txt": (("docs/bench/decode.md",), text_file("decode-float32.txt")),
+    "decode-concurrent-64-packed-float32.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-concurrent-64-packed-float32.txt"),
+    ),
+    "decode-avx512-packed-float32.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-avx512-packed-float32.txt"),
+    ),
     "decode-avx512-float32.txt": (
         ("docs/bench/decode.md",),
         text_file("decode-avx512-float32.txt"),
