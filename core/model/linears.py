@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvboost_rag.core.model.packed import pack, packed_linear, packs_dtype
+from kvboost_rag.core.model.packed import PackedWeight, packed_linear, packs_dtype
 
 PLAIN, TRANSPOSED, PACKED = "plain", "transposed", "packed"
 CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 64, 256, 1024)  # row counts measured
@@ -61,7 +61,7 @@ _WAY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 class EngineLinear(torch.nn.Linear):
     """``nn.Linear`` that, inside ``using``, computes its product the way given there."""
 
-    _packed: tuple[torch.Tensor, int, int] | None = None  # (packed, weight version, pointer)
+    _packed: PackedWeight | None = None  # the packed copy, once a forward takes it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # a user's torch.compile traces nn.Linear, unbroken
@@ -74,15 +74,10 @@ class EngineLinear(torch.nn.Linear):
         return super().forward(x)
 
     def packed_weight(self) -> torch.Tensor:
-        """The weight reordered for oneDNN, reordered anew if it changed since."""
-        weight, entry = self.weight, self._packed
-        # an inference tensor keeps no version: only a new tensor is seen then
-        version = -1 if weight.is_inference() else weight._version
-        if entry is None or entry[1] != version or entry[2] != weight.data_ptr():
-            with torch.inference_mode():
-                entry = (pack(weight), version, weight.data_ptr())
-            self._packed = entry
-        return entry[0]
+        """The weight reordered for oneDNN (kept, and reordered anew if it changed)."""
+        if self._packed is None:
+            self._packed = PackedWeight()
+        return self._packed.of(self.weight)
 
 
 def transposed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -85,6 +85,24 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+class PackedWeight:
+    """A weight's copy reordered for oneDNN, reordered anew when the weight changed since:
+    another tensor, an in-place update (its version moves; an inference tensor keeps none)
+    or a reassigned ``.data`` (its storage moves)."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[torch.Tensor, int, int, torch.Tensor] | None = None
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        version = -1 if weight.is_inference() else weight._version
+        entry = self._entry
+        if entry is None or entry[0] is not weight or entry[1:3] != (version, weight.data_ptr()):
+            with torch.inference_mode():
+                entry = (weight, version, weight.data_ptr(), pack(weight))
+            self._entry = entry
+        return entry[3]
+
+
 class PackedHead:
     """The model's decoder and its packed head, made on first use.
 
@@ -92,7 +110,7 @@ class PackedHead:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self._packed: tuple[torch.Tensor, int, int, torch.Tensor] | None = None
+        self._packed: PackedWeight | None = None
         # whether the split is possible and right here / also faster (None: not tried yet)
         self._correct: bool | None = None if supported(model) else False
         self._faster = False
@@ -123,18 +141,9 @@ class PackedHead:
         return packed_linear(hidden[:, -keep:], self._weight(head.weight), head.bias)  # type: ignore[no-any-return]
 
     def _weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The packed copy of ``weight``, packed anew if it changed since."""
-        entry = self._packed
-        if (
-            entry is None
-            or entry[0] is not weight
-            or entry[1] != weight._version
-            or entry[2] != weight.data_ptr()
-        ):
-            with torch.inference_mode():
-                entry = (weight, weight._version, weight.data_ptr(), pack(weight))
-            self._packed = entry
-        return entry[3]
+        if self._packed is None:
+            self._packed = PackedWeight()
+        return self._packed.of(weight)
 
     def _check(self) -> tuple[bool, bool]:
         """Whether the decoder plus the packed head give the model's logits on a probe, and
