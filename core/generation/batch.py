@@ -102,9 +102,12 @@ class Batch:
         self._decode()
 
     def fail_all(self, error: BaseException) -> None:
-        """A turn failed where the batch could not be kept: every request in it fails."""
-        for request in list(self.rows):
-            self._fail(request, error)
+        """A turn failed where the batch could not be kept: every request in it fails with
+        ``error`` and every row is dropped. No row's KV is moved (the turn may have left
+        them half-written), so ending them cannot fail in turn."""
+        requests, self.rows = self.rows, []
+        for request in requests:
+            self._end(request, error)
 
     def stats(self) -> BatchStats:
         return BatchStats(self._steps, self._stepped_rows, self._peak, self._seconds)

@@ -314,6 +314,33 @@ def test_a_batch_that_cannot_be_built_fails_its_requests(
     assert together([lambda w=w: ask(batched, *w) for w in work]) == [ask(serial, *w) for w in work]
 
 
+def test_a_turn_that_fails_fails_its_batch_and_the_loop_goes_on(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure no request owns (here, a decode step raising while several rows run) ends
+    every request in the batch with it, none left waiting, and the next ones are served.
+    Ending them once moved rows' KV outside inference mode, which raised on the loop's
+    thread: it died and every caller waited forever."""
+    batched, serial = engines("llama", tokenizer)
+    decode = batch_module.Batch._decode
+    failed: list[int] = []
+
+    def failing(self: Any) -> None:
+        if self.running() >= 2 and not failed:
+            failed.append(self.running())
+            raise RuntimeError("the turn failed")
+        decode(self)
+
+    monkeypatch.setattr(batch_module.Batch, "_decode", failing)
+    got = together([lambda w=w: ask(batched, *w) for w in prompts(3)], timeout=60)
+    assert failed, "no decode step ran with two rows"
+    ended = [g for g in got if isinstance(g, RuntimeError)]
+    assert len(ended) >= failed[0] and all(str(g) == "the turn failed" for g in ended)
+    monkeypatch.undo()
+    work = prompts(2)
+    assert together([lambda w=w: ask(batched, *w) for w in work]) == [ask(serial, *w) for w in work]
+
+
 def forward_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads every engine's forwards run on from now, as they run."""
     from kvboost_rag.core.generation.runner import Runner
