@@ -7,7 +7,9 @@ after the last token, the model scores every position in one forward (on a CPU a
 of a few tokens costs about what one does: decoding reads every weight either way), and
 the sampler keeps the longest prefix the model agrees with, plus the token after it
 (``Sampler.verify``). Greedy output is token for token what plain decoding gives; sampled
-output keeps its distribution. The draft's length adapts to how much of it was kept.
+output keeps its distribution. The draft's length adapts to how much of it was kept, and
+``hits`` follows how often a draft's first token is the one chosen next, whether or not
+the draft was fed (a batch feeds drafts only while they are worth their cost).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 NGRAMS = (3, 2, 1)  # suffix lengths tried, longest first
+HIT_MEMORY = 0.7  # weight of the earlier steps in ``hits`` (a miss halves it in two steps)
 
 
 class PromptLookup:
@@ -23,6 +26,7 @@ class PromptLookup:
     def __init__(self, tokens: Sequence[int], max_draft: int) -> None:
         self.max_draft = max_draft
         self.length = min(max_draft, 4)  # the next draft's length, adapted per step
+        self.hits = 1.0  # how often a draft's first token was chosen, recent steps most
         self._tokens: list[int] = []
         # n-gram -> where the token after its latest occurrence is
         self._last: dict[tuple[int, ...], int] = {}
@@ -62,3 +66,8 @@ class PromptLookup:
             self.length = min(self.max_draft, self.length + 2)
         else:
             self.length = max(1, accepted + 1)
+
+    def judged(self, proposed: int, chosen: int) -> None:
+        """A draft starting with ``proposed`` was offered (fed or not) where ``chosen``
+        was the token chosen."""
+        self.hits = HIT_MEMORY * self.hits + (1 - HIT_MEMORY) * (proposed == chosen)

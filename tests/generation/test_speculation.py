@@ -16,6 +16,8 @@ from conftest import ARCHITECTURES, make_model
 from test_batching import together
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.generation import batch as batch_module
+from kvboost_rag.core.generation.runner import Runner
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.speculation import PromptLookup
@@ -120,6 +122,44 @@ def test_prompt_lookup_drafts_what_followed_the_latest_occurrence() -> None:
     assert lookup.length == 5
     lookup.kept(5, 1)
     assert lookup.length == 2
+
+
+def test_hits_follow_how_often_a_drafts_first_token_is_chosen() -> None:
+    lookup = PromptLookup([1, 2, 3], max_draft=8)
+    assert lookup.hits == 1.0
+    lookup.judged(4, 5)
+    lookup.judged(4, 5)
+    assert lookup.hits == pytest.approx(0.49)
+    lookup.judged(7, 7)
+    assert lookup.hits == pytest.approx(0.7 * 0.49 + 0.3)
+
+
+@pytest.mark.parametrize("cost", [0.0, 10.0])
+def test_a_batch_feeds_drafts_only_while_they_pay(
+    cost: float, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows decoding together feed their drafts while their hit rate pays for the wider
+    forward (``DRAFT_COST_PER_ROW``): at no cost always, at a cost no hit rate reaches
+    never; a lone row always does. Answers are the same either way."""
+    monkeypatch.setattr(batch_module, "DRAFT_COST_PER_ROW", cost)
+    plain, drafting = engine("llama", tokenizer, 0), engine("llama", tokenizer, 8)
+    want = [plain.generate(q, max_new_tokens=n).token_ids for q, n in WORK]
+    fed: list[int] = []  # the most tokens a row was fed, in forwards of several rows
+    run_rows = Runner.run_rows
+
+    def recording(self: Runner, rows: Any, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(rows) > 1:
+            fed.append(max(map(len, tokens)))
+        return run_rows(self, rows, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "run_rows", recording)
+    batched = together([lambda w=w: drafting.generate(w[0], max_new_tokens=w[1]) for w in WORK])
+    assert [r.token_ids for r in batched] == want
+    assert fed, "no step decoded several rows"
+    assert max(fed) > 1 if cost == 0 else max(fed) == 1
+    lone = drafting.stats().batch.steps  # type: ignore[union-attr]
+    drafting.generate(WORK[3][0], max_new_tokens=30)
+    assert drafting.stats().batch.steps - lone < 29  # type: ignore[union-attr]
 
 
 def test_speculative_sampling_keeps_the_distribution(tokenizer: Any) -> None:
