@@ -126,8 +126,8 @@ class KVBoostConfig:
     # verifies up to this many tokens drafted from the request's own text; the answer is the
     # same (greedy: token for token in fp32, up to rounding in bf16; sampled: the same
     # distribution). 0 turns it off; None: the measured default for the device (8 on CPU;
-    # at most 2 a row while several rows decode together). A request's ``draft_tokens=``
-    # overrides it.
+    # at most 1 a row while several rows decode together, fed only while drafts are kept
+    # often enough to pay). A request's ``draft_tokens=`` overrides it.
     draft_tokens: int | None = None
     # The engine's forwards apply the lm_head on its weight prepacked for oneDNN
     # (core/model/packed.py: 10.4 against 27.4 ms at 8 rows on SmolLM2, 2-core CPU, fp32),
