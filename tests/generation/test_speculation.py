@@ -164,8 +164,8 @@ def test_a_batch_feeds_drafts_only_while_they_pay(
 
 def test_speculative_sampling_keeps_the_distribution(tokenizer: Any) -> None:
     """Sampling a token after a draft: how often each token comes out must match the
-    processed distribution ``choose`` samples from. A chi-square test over 4,000 draws per
-    proposal (one proposal the model likes, one it does not) at the 0.1% level."""
+    processed distribution a token is drawn from without a draft. A chi-square test over
+    4,000 draws per proposal (one the model likes, one it does not) at the 0.1% level."""
     model = make_model("llama")
     options = SamplingOptions(temperature=0.8, top_k=12, seed=3)
     sampler = Sampler(model, tokenizer, options, 4, 50, threading.Event())
@@ -183,6 +183,27 @@ def test_speculative_sampling_keeps_the_distribution(tokenizer: Any) -> None:
             (counts[t] - 4000 * float(probs[t])) ** 2 / (4000 * float(probs[t])) for t in support
         )
         assert chi2 < _chi2_critical(len(support) - 1), (proposed, chi2)
+
+
+def test_the_ids_processors_read_are_the_tokens_given(tokenizer: Any) -> None:
+    """The sampler keeps one id tensor and extends it as a request's tokens grow; whatever
+    it is given (an extension, the same, a prefix, other tokens, more than its room), the
+    processors and stopping criteria read exactly those tokens."""
+    sampler = Sampler(make_model("llama"), tokenizer, SamplingOptions(), 3, 4, threading.Event())
+    calls = [
+        [5, 6, 7],
+        [5, 6, 7, 8],
+        [5, 6, 7, 8, 9, 10],
+        [5, 6, 7, 8, 9, 10],
+        [5, 6, 7],  # a prefix of what it holds
+        [5, 6, 11, 12],  # not an extension
+        [5, 6, 11, 12, 13],
+        list(range(40)),  # past max_length's room (a caller, not a request)
+        [5],
+    ]
+    for tokens in calls:
+        ids = sampler.input_ids(tokens)
+        assert ids.tolist() == [tokens], tokens
 
 
 def _chi2_critical(dof: int) -> float:
