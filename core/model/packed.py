@@ -86,21 +86,32 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 class PackedWeight:
-    """A weight's copy reordered for oneDNN, reordered anew when the weight changed since:
-    another tensor, an in-place update (its version moves; an inference tensor keeps none)
-    or a reassigned ``.data`` (its storage moves)."""
+    """A weight's copy reordered for oneDNN (several weights: their rows stacked, as one
+    product's), reordered anew when a weight changed since: another tensor, an in-place
+    update (its version moves; an inference tensor keeps none) or a reassigned ``.data``
+    (its storage moves)."""
 
     def __init__(self) -> None:
-        self._entry: tuple[torch.Tensor, int, int, torch.Tensor] | None = None
+        self._entry: tuple[tuple[torch.Tensor, ...], tuple[int, ...], torch.Tensor] | None = None
 
-    def of(self, weight: torch.Tensor) -> torch.Tensor:
-        version = -1 if weight.is_inference() else weight._version
+    def of(self, *weights: torch.Tensor) -> torch.Tensor:
+        key = tuple(n for w in weights for n in (_version(w), w.data_ptr()))
         entry = self._entry
-        if entry is None or entry[0] is not weight or entry[1:3] != (version, weight.data_ptr()):
+        if (
+            entry is None
+            or entry[1] != key
+            or len(entry[0]) != len(weights)
+            or any(a is not b for a, b in zip(entry[0], weights))
+        ):
             with torch.inference_mode():
-                entry = (weight, version, weight.data_ptr(), pack(weight))
+                stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
+                entry = (weights, key, pack(stacked))
             self._entry = entry
-        return entry[3]
+        return entry[2]
+
+
+def _version(weight: torch.Tensor) -> int:
+    return -1 if weight.is_inference() else weight._version
 
 
 class PackedHead:

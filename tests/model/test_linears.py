@@ -2,8 +2,8 @@
 (``core/model/linears.py``: ``W @ x.T``, or a weight packed for oneDNN): the same product as
 ``F.linear``, only inside the engine's forwards and only for the counts measured faster,
 every architecture's runner logits unchanged, the model untouched for its other callers,
-a changed weight packed anew, and the measured choice mapped to the counts between the
-measured ones."""
+a changed weight packed anew, sibling projections one packed product, and the measured
+choice mapped to the counts between the measured ones."""
 
 from __future__ import annotations
 
@@ -102,6 +102,47 @@ def test_a_changed_weight_is_packed_anew() -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_sibling_projections_are_one_packed_product(
+    arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed, a layer's query/key/value and gate/up projections are one product on their
+    stacked weights (Phi-3 stores them stacked already): 4 products a decoder layer instead
+    of 7, and the model's logits."""
+    model = make_model(arch)
+    layers = linears.install(model)
+    decoder_layers = model.config.num_hidden_layers
+    groups = {id(layer.fused) for layer in layers if layer.fused}
+    assert len(groups) == (0 if arch == "phi3" else 2 * decoder_layers)
+    products: list[int] = []
+    real = linears.packed_linear
+    monkeypatch.setattr(linears, "packed_linear", lambda *a: products.append(1) or real(*a))
+    ids = torch.tensor([tokens(3, 6)])
+    with torch.inference_mode():
+        want = model(input_ids=ids).logits
+        with linears.using(linears.PACKED):
+            got = model(input_ids=ids).logits
+    assert len(products) == (len(layers) if arch == "phi3" else 4 * decoder_layers)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
+def test_a_sibling_called_on_another_input_computes_its_own() -> None:
+    """A member takes its group's product only for the input that product was for, and only
+    once; otherwise (another input, a second call, a new ``using``) it computes anew."""
+    q, k, v = (linears.install(make_model("llama")) or [])[:3]
+    assert q.fused is k.fused is v.fused is not None
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randn(2, q.in_features, generator=g) for _ in range(2))
+    with torch.inference_mode():
+        with linears.using(linears.PACKED):
+            q(x)
+            for layer, given in ((k, y), (k, x), (k, x), (v, x)):
+                want = F.linear(given, layer.weight)
+                torch.testing.assert_close(layer(given), want, atol=1e-5, rtol=1e-5)
+        with linears.using(linears.PACKED):
+            torch.testing.assert_close(v(y), F.linear(y, v.weight), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_runner_logits_are_the_same_whichever_way_the_linears_take(arch: str) -> None:
     model = make_model(arch)
     install(model)
@@ -140,7 +181,9 @@ def test_a_measured_count_also_takes_the_counts_below_it_down_to_the_last_measur
         *["plain", "plain", "transposed", "transposed", "plain", "packed", "packed"],
         *["plain", "packed", "packed"],
     ]
-    assert all(layer._packed is not None for layer in linears.install(model))  # packed once
+    layers = linears.install(model)  # packed once: each layer, or its siblings together
+    assert all((layer._packed is None) == (layer.fused is not None) for layer in layers)
+    assert all(layer.fused._packed._entry for layer in layers if layer.fused)  # type: ignore[union-attr]
     monkeypatch.setattr(linears, "_same", lambda layer, way: way == linears.PLAIN)
     assert linears.measure(model) == {}  # products differ: every count runs F.linear
 
