@@ -76,6 +76,7 @@ class KVBoost:
         )
         self._path = RequestPath(self._handle, tokenizer, self.config, self._caches)
         self._handle.executor.warm_up(self.config.packed_head)
+        self._handle.executor.hand_over()  # the pool that loaded the model (openmp.py)
 
     @property
     def _reuse(self) -> Any:

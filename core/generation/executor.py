@@ -16,7 +16,10 @@ model, plus the loop thread's), its workers stop spinning between parallel regio
 sleep, so each of a decoding step's hundreds of small regions pays a wake-up. Measured on
 SmolLM2-135M (bf16, 2 cores): a decoding step took 60 ms on the thread that loaded the
 model and 130-150 ms on a new thread, 69-90 ms there with one OpenMP thread. Run on the
-caller's thread, the engine's forwards run where ``model.generate`` would.
+caller's thread, the engine's forwards run where ``model.generate`` would. And a thread
+that hands its work to the loop (a caller that waits or streams, a caller whose request
+ended, the thread that made the engine) frees its own pool (``openmp.release_pool``), so
+the loop's thread keeps the only one and its workers spin.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from kvboost_rag.core.generation.batch import Batch
 from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.result import BatchStats
+from kvboost_rag.core.model import openmp
 from kvboost_rag.core.model.arch import ModelSupport
 
 T = TypeVar("T")
@@ -90,6 +94,7 @@ class Executor:
         with self._changed:
             self._waiting.append(request)
             self._wake()
+        self.hand_over()
 
     def run(self, request: Request) -> None:
         """Queue ``request`` and return once it has ended. The calling thread runs the loop
@@ -104,6 +109,7 @@ class Executor:
                 self._runner = me  # an idle background thread sees this and ends
             self._changed.notify_all()
         if not lead:
+            self.hand_over()
             request.done.wait()
             return
         try:
@@ -112,7 +118,15 @@ class Executor:
         finally:
             with self._changed:
                 self._runner = None
+            openmp.release_pool()
+            with self._changed:
                 self._wake()  # the rest, or the background thread's idle wait and cleanup
+
+    def hand_over(self) -> None:
+        """On a thread that leaves the forwards to the loop: free its OpenMP pool, unless it
+        runs the loop."""
+        if threading.current_thread() is not self._runner:
+            openmp.release_pool()
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the loop's thread between turns (inline when already on it)."""

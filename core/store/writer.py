@@ -6,7 +6,9 @@ for a batch of shared-tier writes).
 The thread ends after ``IDLE_SECONDS`` without work, dropping its reference to the store
 that owns it, so an unused store is freed. Stores drain their writer at interpreter exit
 (``close``): a daemon thread still inside torch/safetensors code while the interpreter
-finalizes aborts the process ("FATAL: exception not rethrown").
+finalizes aborts the process ("FATAL: exception not rethrown"). After each batch it frees
+the OpenMP pool its torch work started (``openmp.py``): kept, it would slow every
+decoding step of the serving loop for as long as the thread lives.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import queue
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from kvboost_rag.core.model import openmp
 
 T = TypeVar("T")
 log = logging.getLogger("kvboost_rag")
@@ -78,6 +82,7 @@ class Writer(Generic[T]):
             except Exception:
                 log.exception("kvboost-rag: %s failed on a queued write", self._name)
             finally:
+                openmp.release_pool()
                 for _ in items:
                     self._queue.task_done()
             if len(work) < len(items):  # close() queues _STOP after everything else
