@@ -21,6 +21,7 @@ from kvboost_rag.core.config import KVBoostConfig, check_fidelity
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import MAX_SEED, SamplingOptions
+from kvboost_rag.core.model import openmp
 from kvboost_rag.core.prompt.chunker import format_passages, split_passage
 from kvboost_rag.documents import document_text
 
@@ -193,9 +194,11 @@ async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 def concurrently(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(item) for item in items]`` with every call in flight at once, so the engine
-    decodes them in one batch; results in order, the first error raised."""
+    decodes them in one batch; results in order, the first error raised. The calling thread
+    only waits meanwhile, so it frees its OpenMP pool (``core/model/openmp.py``)."""
     if len(items) <= 1:
         return [fn(item) for item in items]
+    openmp.release_pool()
     with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="kvboost-batch") as pool:
         calls = [contextvars.copy_context() for _ in items]
         return list(pool.map(lambda pair: pair[0].run(fn, pair[1]), zip(calls, items)))

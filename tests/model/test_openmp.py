@@ -130,3 +130,17 @@ def test_a_writer_frees_its_pool_after_each_batch(monkeypatch: pytest.MonkeyPatc
     writer.close()
     assert applied == [0, 1, 2]
     assert freed and set(freed) == {"kvboost-test-writer"}
+
+
+def test_a_blocking_batch_frees_its_callers_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integrations' ``batch`` runs each call on a worker thread while the caller only
+    waits: the caller frees its pool first (a lone call runs on the caller, which keeps it)."""
+    from kvboost_rag.integrations._common import concurrently
+
+    freed: list[str] = []
+    monkeypatch.setattr(
+        openmp, "release_pool", lambda: freed.append(threading.current_thread().name) or True
+    )
+    assert concurrently(lambda x: x * 2, [1]) == [2] and freed == []
+    assert concurrently(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+    assert freed == [threading.current_thread().name]

@@ -51,6 +51,7 @@ from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passage
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import Transcript, note
 from kvboost_rag.bench.decode.report import KINDS, draw, summarize, table
+from kvboost_rag.core.model import openmp
 
 QUICK = {"lengths": [4, 8], "requests": 1, "concurrency": [1, 2]}
 PEERS = Path(__file__).with_name("peers")
@@ -91,6 +92,9 @@ def engine_system(engine: KVBoost, n: int, warm: bool = False):  # type: ignore[
         if len(batch) == 1:  # one user calls from their own thread, as generate runs here
             one(0)
             return out
+        # This thread only waits for its callers, as a server's does: it frees the OpenMP
+        # pool generate's runs gave it (what the engine's own waiting callers do).
+        openmp.release_pool()
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
         for thread in threads:
             thread.start()
