@@ -240,14 +240,26 @@ def _streamed(layers: Sequence[EngineLinear]) -> list[EngineLinear]:
         size += layer.weight.numel() * layer.weight.element_size()
         if size >= STREAMED_BYTES:
             break
-    return timed
+    return _whole_groups(timed, layers)
 
 
 def _one_of_each_shape(layers: Sequence[EngineLinear]) -> list[EngineLinear]:
     seen: dict[tuple[int, int], EngineLinear] = {}
     for layer in layers:
         seen.setdefault((layer.out_features, layer.in_features), layer)
-    return list(seen.values())
+    return _whole_groups(list(seen.values()), layers)
+
+
+def _whole_groups(chosen: list[EngineLinear], layers: Sequence[EngineLinear]) -> list[EngineLinear]:
+    """``chosen`` with every member of their ``Fused`` groups, in ``layers``' order: each
+    way is timed on the same products (packed, a group's first member computes them all)."""
+    groups = {id(layer.fused) for layer in chosen if layer.fused is not None}
+    keep = {id(layer) for layer in chosen}
+    return [
+        layer
+        for layer in layers
+        if id(layer) in keep or (layer.fused is not None and id(layer.fused) in groups)
+    ]
 
 
 def _same(layer: EngineLinear, way: str) -> bool:

@@ -125,6 +125,19 @@ def test_sibling_projections_are_one_packed_product(
     torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
 
 
+def test_every_way_is_timed_on_the_same_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed, a group's first member computes all its members' products: the layers timed
+    hold whole groups, else the packed way is timed on more work than the others."""
+    layers = linears.install(make_model("llama"))
+    monkeypatch.setattr(linears, "STREAMED_BYTES", 1)  # streamed: the first layer's worth
+    for timed in (linears._one_of_each_shape(layers), linears._streamed(layers)):
+        assert timed
+        groups = {id(layer.fused) for layer in timed if layer.fused}
+        for layer in layers:
+            if layer.fused is not None and id(layer.fused) in groups:
+                assert layer in timed
+
+
 def test_a_sibling_called_on_another_input_computes_its_own() -> None:
     """A member takes its group's product only for the input that product was for, and only
     once; otherwise (another input, a second call, a new ``using``) it computes anew."""
