@@ -43,7 +43,7 @@ def _libgomp() -> Any:
     for path in sorted(torch_libraries):
         try:  # looked up through libtorch_cpu's handle: its dependencies, in its order
             pause = ctypes.CDLL(path).omp_pause_resource_all
-        except (OSError, AttributeError):  # an OpenMP older than 5 (libgomp before GCC 9)
+        except (OSError, AttributeError):  # a runtime without OpenMP 5's pause
             continue
         if "libgomp" not in os.path.basename(_defined_in(pause)):
             return None  # another OpenMP runtime (Intel's, LLVM's): no throttling to undo
