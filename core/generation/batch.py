@@ -289,7 +289,6 @@ class Batch:
             if proposal:
                 request.drafter.judged(proposal[0], chosen[0])
             request.drafter.extend(chosen)
-            request.drafter.kept(len(draft), kept)
         # Positions past the kept tokens hold a rejected draft's KV: no longer part of the row.
         self.slots.crop(self.rows.index(request), len(request.tokens) - 1)
         if finished:

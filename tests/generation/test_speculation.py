@@ -111,17 +111,24 @@ def test_constrained_answers_stay_valid_with_drafts(tokenizer: Any) -> None:
 
 
 def test_prompt_lookup_drafts_what_followed_the_latest_occurrence() -> None:
-    lookup = PromptLookup([5, 6, 7, 8, 9, 5, 6, 1, 2, 5, 6], max_draft=8)
-    lookup.length = 3
+    lookup = PromptLookup([5, 6, 7, 8, 9, 5, 6, 1, 2, 5, 6], max_draft=3)
     assert lookup.draft(10) == [1, 2, 5]  # the latest (5, 6) was followed by 1, 2
     assert lookup.draft(2) == [1, 2]
     lookup.extend([1])
     assert lookup.draft(10) == [2, 5, 6]  # (6, 1) occurred once, then 2
     assert PromptLookup([1, 2, 3], 8).draft(5) == []  # (3), (2, 3), (1, 2, 3): never before
-    lookup.kept(3, 3)
-    assert lookup.length == 5
-    lookup.kept(5, 1)
-    assert lookup.length == 2
+
+
+def test_a_draft_after_a_miss_is_as_long_as_before() -> None:
+    """A step verifying 9 tokens costs about what 1 does: a miss does not shorten the
+    next draft."""
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2], max_draft=8)
+    assert lookup.draft(20) == [3, 4, 5, 6, 7, 8, 9, 10]
+    lookup.judged(3, 40)  # the model chose 40 where the draft said 3
+    lookup.extend([40, 1, 2])
+    assert lookup.draft(20) == [40, 1, 2]  # what followed (1, 2) last time: all there is
+    lookup.extend([3])
+    assert lookup.draft(20) == [4, 5, 6, 7, 8, 9, 10, 1]
 
 
 def test_hits_follow_how_often_a_drafts_first_token_is_chosen() -> None:
