@@ -270,6 +270,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
         ("docs/bench/decode.md",),
         text_file("decode-concurrent-64-packed-float32.txt"),
     ),
+    "decode-1-drafts-float32.txt": (
+        ("docs/bench/decode.md",),
+        text_file("decode-1-drafts-float32.txt"),
+    ),
     "decode-1-openmp-float32.txt": (
         ("docs/bench/decode.md",),
         text_file("decode-1-openmp-float32.txt"),
