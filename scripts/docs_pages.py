@@ -4,8 +4,9 @@
     .venv/bin/python scripts/docs_pages.py --check  # exit 1 naming the sections that drifted
 
 A generated section lies between ``<!-- NAME: start -->`` and ``<!-- NAME: end -->`` lines
-of a page; NAME is its source: a benchmark's JSON or text file under ``docs/bench/``
-(rendered by that benchmark's own report function), or ``KVBoostConfig`` (every field of
+of a page; NAME is its source: a benchmark's JSON under ``docs/bench/`` (rendered by that
+benchmark's own report function), a recorded text file there (shown as it is), or
+``KVBoostConfig`` (every field of
 ``core/config.py`` with the comment above it). ``tests/docs/test_pages.py`` checks that every
 page equals its rendering, so a table cannot drift from the measurement or the code it
 shows. After a benchmark rewrites its JSON, run this script.
@@ -17,6 +18,7 @@ import argparse
 import ast
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -198,6 +200,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def recorded_texts() -> dict[str, tuple[tuple[str, ...], Callable[[], str]]]:
+    """A section named after a text file (``<!-- NAME.txt: start -->``, on README.md or a
+    page under docs/) holds the recorded table of ``docs/bench/NAME.txt`` as it is: found
+    on the pages, so a new record needs no entry here."""
+    holders: dict[str, list[str]] = {}
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        for name in re.findall(r"^<!-- (\S+\.txt): start -->$", text, re.MULTILINE):
+            if not (BENCH / name).is_file():
+                raise ValueError(f"{path.relative_to(ROOT)} shows docs/bench/{name}: no such file")
+            holders.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    return {name: (tuple(pages), text_file(name)) for name, pages in holders.items()}
+
+
 # section name -> (the pages holding it, its rendering)
 SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "latency-float32.json headline": (("README.md", "docs/index.md"), headline),
@@ -215,106 +231,12 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "load-float32.json": (("docs/bench/load.md",), load),
     "front-bfloat16.json": (("docs/bench/fidelity.md",), front("front-bfloat16")),
     "front-probe-bfloat16.json": (("docs/bench/fidelity.md",), front("front-probe-bfloat16")),
-    "front-repair-bfloat16.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-repair-bfloat16.txt"),
-    ),
-    "front-adaptive-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-adaptive-float32.txt"),
-    ),
-    "front-deviation-2k-gemma3-270m-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-deviation-2k-gemma3-270m-float32.txt"),
-    ),
-    "front-deviation-2k-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-deviation-2k-float32.txt"),
-    ),
-    "front-deviation-packed-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-deviation-packed-float32.txt"),
-    ),
-    "front-deviation-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-deviation-float32.txt"),
-    ),
-    "front-deviation-gemma3-270m-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-deviation-gemma3-270m-float32.txt"),
-    ),
-    "front-adaptive-gemma3-270m-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-adaptive-gemma3-270m-float32.txt"),
-    ),
-    "front-repair-gemma3-270m-float32.txt": (
-        ("docs/bench/fidelity.md",),
-        text_file("front-repair-gemma3-270m-float32.txt"),
-    ),
-    "decode-bfloat16.txt": (("docs/bench/decode.md",), text_file("decode-bfloat16.txt")),
-    "step-bfloat16.txt": (("docs/bench/decode.md",), text_file("step-bfloat16.txt")),
-    "decode-concurrent-bfloat16.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-concurrent-bfloat16.txt"),
-    ),
-    "decode-concurrent-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-concurrent-float32.txt"),
-    ),
-    "decode-concurrent-64-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-concurrent-64-float32.txt"),
-    ),
-    "decode-float32.txt": (("docs/bench/decode.md",), text_file("decode-float32.txt")),
-    "decode-concurrent-64-packed-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-concurrent-64-packed-float32.txt"),
-    ),
-    "decode-1-drafts-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-1-drafts-float32.txt"),
-    ),
-    "decode-1-openmp-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-1-openmp-float32.txt"),
-    ),
-    "decode-concurrent-64-openmp-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-concurrent-64-openmp-float32.txt"),
-    ),
-    "decode-concurrent-64-hits-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-concurrent-64-hits-float32.txt"),
-    ),
-    "decode-256-packed-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-256-packed-float32.txt"),
-    ),
-    "decode-avx512-packed-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-avx512-packed-float32.txt"),
-    ),
-    "decode-avx512-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-avx512-float32.txt"),
-    ),
-    "decode-peers-float32.txt": (
-        ("docs/bench/decode.md",),
-        text_file("decode-peers-float32.txt"),
-    ),
-    "exactness.txt": (("docs/bench/fidelity.md",), text_file("exactness.txt")),
     "agent.json langchain": (("docs/bench/agents.md",), agent("langchain")),
     "agent.json llamaindex": (("docs/bench/agents.md",), agent("llamaindex")),
-    "agent-fast.txt": (("docs/bench/agents.md",), text_file("agent-fast.txt")),
     "chat-float32.json": (("docs/bench/chat.md",), chat("float32")),
     "chat-bfloat16.json": (("docs/bench/chat.md",), chat("bfloat16")),
-    "constrained.txt": (("docs/bench/constrained.md",), text_file("constrained.txt")),
-    "warm-bfloat16.txt": (("docs/bench/warm.md",), text_file("warm-bfloat16.txt")),
-    "remote-float32.txt": (("docs/bench/remote.md",), text_file("remote-float32.txt")),
-    "faults.txt": (("docs/bench/remote.md",), text_file("faults.txt")),
-    "cluster.txt": (("docs/bench/remote.md",), text_file("cluster.txt")),
-    "faults-cluster.txt": (("docs/bench/remote.md",), text_file("faults-cluster.txt")),
     "KVBoostConfig": (("docs/guides/configuration.md",), config_fields),
+    **recorded_texts(),
 }
 
 

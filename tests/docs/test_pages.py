@@ -98,3 +98,23 @@ def test_configuration_page_defaults_are_the_class_defaults() -> None:
         default = rows[spec.name][1].split("`")[1]  # `2 * 1024 ** 3` (2 GiB)
         assert eval(default, {}) == spec.default, spec.name  # noqa: S307 (our own source)
         assert rows[spec.name][2], f"{spec.name} has no meaning on the page"
+
+
+def test_a_recorded_text_is_found_on_its_page_and_a_missing_one_named(
+    tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "docs" / "bench").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# x\n")
+    page = tmp_path / "docs" / "bench" / "new.md"
+    page.write_text("<!-- run-a.txt: start -->\n<!-- run-a.txt: end -->\n")
+    (tmp_path / "docs" / "bench" / "run-a.txt").write_text("col  value\nrow  1.0\n")
+    monkeypatch.setattr(docs_pages, "ROOT", tmp_path)
+    monkeypatch.setattr(docs_pages, "BENCH", tmp_path / "docs" / "bench")
+    found = docs_pages.recorded_texts()
+    assert list(found) == ["run-a.txt"]
+    holders, render = found["run-a.txt"]
+    assert holders == ("docs/bench/new.md",)
+    assert render() == "```text\ncol  value\nrow  1.0\n```"
+    page.write_text(page.read_text() + "<!-- run-b.txt: start -->\n<!-- run-b.txt: end -->\n")
+    with pytest.raises(ValueError, match="docs/bench/new.md shows docs/bench/run-b.txt: no such"):
+        docs_pages.recorded_texts()
