@@ -6,10 +6,10 @@
 A generated section lies between ``<!-- NAME: start -->`` and ``<!-- NAME: end -->`` lines
 of a page; NAME is its source: a benchmark's JSON under ``docs/bench/`` (rendered by that
 benchmark's own report function), a recorded text file there (shown as it is), or
-``KVBoostConfig`` (every field of
-``core/config.py`` with the comment above it). ``tests/docs/test_pages.py`` checks that every
-page equals its rendering, so a table cannot drift from the measurement or the code it
-shows. After a benchmark rewrites its JSON, run this script.
+``KVBoostConfig`` (every field of ``core/config.py`` with the comment above it).
+``tests/docs/test_pages.py`` checks that every page equals its rendering, so a table cannot
+drift from the measurement or the code it shows. After a benchmark rewrites its JSON, run
+this script.
 """
 
 from __future__ import annotations
