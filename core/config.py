@@ -136,6 +136,13 @@ class KVBoostConfig:
     # wherever they give its logits; False: never. Requests of engines that disagree
     # decode together packed only if none said False.
     packed_head: bool | None = None
+    # The engine's forwards compute the decoder's linear layers on their weights prepacked
+    # for oneDNN where that measures faster at the forward's row count
+    # (core/model/linears.py: SmolLM2's at 900 rows 1.15 against 1.58 s, at 9 rows 27
+    # against 73 ms, 2-core CPU, fp32), at the cost of a second copy of those weights in
+    # memory (for decoders with up to 2 GiB of them). False: this engine's requests never
+    # take it, and a model none of whose engines allow it keeps no packed copy.
+    packed_linears: bool = True
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -191,6 +198,8 @@ class KVBoostConfig:
             raise ValueError(
                 f"packed_head must be True, False or None (auto), got {self.packed_head!r}"
             )
+        if not isinstance(self.packed_linears, bool):
+            raise ValueError(f"packed_linears must be True or False, got {self.packed_linears!r}")
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -91,6 +91,7 @@ class RequestPath:
             structure=structure,
             limit=self.batch_size,
             packed=self.config.packed_head,
+            packed_linears=self.config.packed_linears,
             start=start,
             timings=timings,
             lookup=lookup,

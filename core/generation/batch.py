@@ -192,7 +192,8 @@ class Batch:
         keep = 1 + (len(plan[0][0].feed or []) if len(plan) == 1 else 0)
         try:
             packed = [r.packed for r, _ in plan]
-            logits = self.runner.run_rows(rows, tokens, positions, keep, packed)
+            linear = all(r.packed_linears for r, _ in plan)
+            logits = self.runner.run_rows(rows, tokens, positions, keep, packed, linear)
         except BaseException as error:  # the forward failed: every request in it fails
             for request, _ in plan:
                 self._fail(request, error)
@@ -240,7 +241,10 @@ class Batch:
         keep = max(map(len, tokens))
         try:
             packed = [r.packed for r in running]
-            logits = self.runner.run_rows(list(range(count)), tokens, positions, keep, packed)
+            linear = all(r.packed_linears for r in running)
+            logits = self.runner.run_rows(
+                list(range(count)), tokens, positions, keep, packed, linear
+            )
         except BaseException as error:
             for request in running:
                 self._fail(request, error)

@@ -83,6 +83,7 @@ class Executor:
         self._idle = False  # the background thread is waiting for work (a caller may lead)
         self._closing = False
         self._warmed = False
+        self._packs_linears = False  # whether the linear layers were measured with packing
         _LIVE.add(self)
 
     # -- the callers' side -------------------------------------------------------------
@@ -148,14 +149,20 @@ class Executor:
             self._wake()
         return job
 
-    def warm_up(self, packed: bool | None) -> None:
+    def warm_up(self, packed: bool | None, packed_linears: bool = True) -> None:
         """Once per executor (the first engine on its model): run ``Runner.warm_up`` on
-        the loop's thread, in a row no request holds, so no request pays first-use costs."""
+        the loop's thread, in a row no request holds, so no request pays first-use costs.
+        A later engine that lets the linear layers pack, where none before did, measures
+        them again with packing."""
         with self._changed:
-            if self._warmed:
-                return
+            first, again = not self._warmed, packed_linears and not self._packs_linears
             self._warmed = True
-        self.call(lambda: self.batch.runner.warm_up(len(self.batch.rows), packed))
+            self._packs_linears |= packed_linears
+        runner = self.batch.runner
+        if first:
+            self.call(lambda: runner.warm_up(len(self.batch.rows), packed, packed_linears))
+        elif again:
+            self.call(lambda: runner.measure(packed_linears=True))
 
     def drain(self) -> None:
         """Wait until every job queued so far (deferred ones too) has run."""

@@ -60,6 +60,7 @@ class Request:
     structure: Structure  # the answer's form: tool calls are parsed out of the text
     limit: int  # the most requests its engine lets run in one batch
     packed: bool | None  # its engine's ``packed_head``
+    packed_linears: bool  # its engine's ``packed_linears``
     start: float  # perf_counter at the call
     timings: Timings
     lookup: Lookup

@@ -32,7 +32,7 @@ class Runner:
         self.slots = slots
         self.windows = support.windows
         self.head = PackedHead(model)
-        self.linears: dict[int, str] = {}  # row count -> the decoder's linear way (warm_up)
+        self.ways = linears.NONE  # row count -> the decoder's linear way (``measure``)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -43,10 +43,13 @@ class Runner:
         positions: Sequence[Sequence[int]],
         keep: int = 1,
         packed: Sequence[bool | None] = (False,),
+        packed_linears: bool = True,
     ) -> torch.Tensor:
         """Feed ``tokens[i]`` at ``positions[i]`` (ascending) to row ``rows[i]``; float32
         logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row.
-        ``packed``: the rows' requests' ``packed_head`` (``_packs`` decides)."""
+        ``packed``: the rows' requests' ``packed_head`` (``_packs`` decides);
+        ``packed_linears``: whether every row's request lets the linear layers take their
+        packed copies."""
         width = max(p[-1] for p in positions) + 1
         self.slots.reserve(max(rows) + 1, width)
         contiguous = list(rows) == list(range(rows[0], rows[0] + len(rows)))
@@ -59,7 +62,8 @@ class Runner:
         tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
         packed_head = self._packs(packed)
         rows_fed = len(tokens) * max(map(len, tokens))
-        way = linears.using(linears.way_for(self.linears, rows_fed))
+        ways = self.ways.fastest if packed_linears else self.ways.unpacked
+        way = linears.using(linears.way_for(ways, rows_fed))
         with self.slots.forward(write) as cache, tail, engine_forwards(), way:
             inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
             inputs |= {"cache": cache, "use_cache": True}
@@ -73,10 +77,10 @@ class Runner:
         self.tokens += sum(map(len, tokens))
         return logits[:, -keep:].float()
 
-    def warm_up(self, row: int, packed: bool | None) -> None:
+    def warm_up(self, row: int, packed: bool | None, packed_linears: bool = True) -> None:
         """Pay the first forward's one-time costs before any request does: the packed
         head's pack and check (unless ``packed`` is False), measuring the way the decoder's
-        linear layers take for each row count (``linears``, packing them if one does), and
+        linear layers take for each row count (``measure``), and
         the kernels a prefill, a cached prefix's continuation and a decoding step take.
         Uses free row ``row`` and leaves it empty. Measured on SmolLM2-135M (fp32, 2-core
         AVX2 EPYC): the first request after a new engine took its first token 1.2 s later
@@ -85,13 +89,18 @@ class Runner:
         forwards, fed = self.forwards, self.tokens
         vocab = int(self.model.config.vocab_size)
         ids = [i % vocab for i in range(1, 9)]
-        self.linears = linears.measure(self.model)
+        self.measure(packed_linears)
         with torch.inference_mode():
             self.run_rows([row], [ids], [range(8)])
             self.run_rows([row], [ids], [range(8, 16)])
             self.run_rows([row], [ids[:1]], [[16]], packed=[packed])
         self.slots.lengths[row] = 0
         self.forwards, self.tokens = forwards, fed
+
+    def measure(self, packed_linears: bool) -> None:
+        """Measure the ways the decoder's linear layers take (``linears.measure``), packing
+        them where the fastest way is packed and ``packed_linears`` allows it."""
+        self.ways = linears.measure(self.model, packed_linears)
 
     def _packs(self, wishes: Sequence[bool | None]) -> bool:
         """Whether a forward applies the packed head: no row's engine against it, and the

@@ -29,9 +29,11 @@ prefill. torch's ``F.linear`` (``x @ W.T``) is not the fastest way on every CPU 
 Which way each row count takes is measured per model when the engine warms up
 (``measure``): on the model's own weights (enough of them to stream from memory, as a step
 does, for the counts a step feeds), after a check that every way gives ``F.linear``'s
-product. The model's ``nn.Linear`` decoder layers become ``EngineLinear`` (``install``), a
-subclass that takes another way only inside the engine's forwards (``using``), so every
-other caller of the model runs ``nn.Linear.forward`` as before.
+product; the fastest way, and the fastest without packing, for the requests of an engine
+built with ``packed_linears=False`` (a model none of whose engines allow packing keeps no
+packed copy). The model's ``nn.Linear`` decoder layers become ``EngineLinear``
+(``install``), a subclass that takes another way only inside the engine's forwards
+(``using``), so every other caller of the model runs ``nn.Linear.forward`` as before.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import contextvars
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +73,18 @@ _WAY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _TAKEN: contextvars.ContextVar[dict[int, tuple[torch.Tensor, list[Any]]] | None] = (
     contextvars.ContextVar("kvboost_fused_products", default=None)
 )
+
+
+class Ways(NamedTuple):
+    """Per measured row count, the way the decoder's linear layers take where it is not
+    ``F.linear``: the fastest (``fastest``), and the fastest that needs no packed copy of
+    the weights (``unpacked``, for the requests of an engine with ``packed_linears=False``)."""
+
+    fastest: dict[int, str]
+    unpacked: dict[int, str]
+
+
+NONE = Ways({}, {})  # every count runs F.linear
 
 
 class EngineLinear(torch.nn.Linear):
@@ -196,30 +210,29 @@ def _fusable(members: Sequence[Any]) -> bool:
     )
 
 
-def measure(model: Any) -> dict[int, str]:
-    """For each of ``CANDIDATES``, the way ``model``'s decoder layers are fastest here, where
-    it is not ``F.linear`` (none on a GPU, for a model without plain linear layers, for a
-    small decoder, or where a way's product differs). Packs every layer when a count takes
-    the packed way, so no request pays for it."""
+def measure(model: Any, packed: bool = True) -> Ways:
+    """For each of ``CANDIDATES``, the ways ``model``'s decoder layers are fastest here, where
+    not ``F.linear`` (none on a GPU, for a model without plain linear layers, for a small
+    decoder, or where a way's product differs). ``packed``: whether packing is a candidate
+    at all (``KVBoostConfig.packed_linears``). Packs every layer when a count's fastest way
+    is packed, so no request pays for it; otherwise keeps no packed copy."""
     layers = install(model)
     if not layers or model.dtype not in (torch.float32, torch.bfloat16):
-        return {}
+        return NONE
     total = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
     if total < MEASURED_BYTES:
-        return {}
+        return NONE
     ways = [PLAIN, TRANSPOSED]
-    if packs_dtype(model.dtype) and total <= PACKED_BYTES:
+    if packed and packs_dtype(model.dtype) and total <= PACKED_BYTES:
         ways.append(PACKED)
     with torch.inference_mode():
         ways = [way for way in ways if _same(layers[0], way)]
         streamed = _streamed(layers)
         one_layer = _one_of_each_shape(layers)
-        _fastest(streamed, 1, ways)  # first-use costs
-        fastest = {
-            n: _fastest(streamed if n <= STREAMED else one_layer, n, ways) for n in CANDIDATES
-        }
-        chosen = {n: way for n, way in fastest.items() if way != PLAIN}
-        packs = PACKED in chosen.values()
+        _ranked(streamed, 1, ways)  # first-use costs
+        ranked = {n: _ranked(streamed if n <= STREAMED else one_layer, n, ways) for n in CANDIDATES}
+        chosen = Ways(_taken(ranked, ways), _taken(ranked, [w for w in ways if w != PACKED]))
+        packs = PACKED in chosen.fastest.values()
         for layer in layers:  # a group's members take its product, never their own copy
             if packs and layer.fused is None:
                 layer.packed_weight()
@@ -231,6 +244,12 @@ def measure(model: Any) -> dict[int, str]:
             else:
                 group.drop()
     return chosen
+
+
+def _taken(ranked: dict[int, list[str]], allowed: Sequence[str]) -> dict[int, str]:
+    """Per count, the first of its ranked ways that is ``allowed``, where not ``PLAIN``."""
+    firsts = {n: next(way for way in ways if way in allowed) for n, ways in ranked.items()}
+    return {n: way for n, way in firsts.items() if way != PLAIN}
 
 
 def _streamed(layers: Sequence[EngineLinear]) -> list[EngineLinear]:
@@ -274,7 +293,8 @@ def _same(layer: EngineLinear, way: str) -> bool:
     return bool((got - want).abs().max() <= tolerance * max(want.abs().max().item(), 1.0))
 
 
-def _fastest(layers: Sequence[EngineLinear], count: int, ways: Sequence[str]) -> str:
+def _ranked(layers: Sequence[EngineLinear], count: int, ways: Sequence[str]) -> list[str]:
+    """``ways``, the fastest at ``count`` rows first (median of ``REPEATS`` passes)."""
     inputs = {
         n: torch.randn(count, n, generator=_SEED).to(layers[0].weight.dtype)
         for n in {layer.in_features for layer in layers}
@@ -287,7 +307,7 @@ def _fastest(layers: Sequence[EngineLinear], count: int, ways: Sequence[str]) ->
                 for layer in layers:
                     layer(inputs[layer.in_features])
                 times[way].append(time.perf_counter() - start)
-    return min(ways, key=lambda way: sorted(times[way])[REPEATS // 2])
+    return sorted(ways, key=lambda way: sorted(times[way])[REPEATS // 2])
 
 
 _SEED = torch.Generator().manual_seed(0)

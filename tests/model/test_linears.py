@@ -167,7 +167,8 @@ def test_runner_logits_are_the_same_whichever_way_the_linears_take(arch: str) ->
     with torch.inference_mode():
         runner.run_rows([0, 1], [a, b], [list(range(30)), list(range(21))])
         for way in [linears.PLAIN, *WAYS]:
-            runner.linears = dict.fromkeys(linears.CANDIDATES, way)
+            table = dict.fromkeys(linears.CANDIDATES, way)
+            runner.ways = linears.Ways(table, table)
             step = [[5, 9, 11], [6, 2, 4]]  # 6 rows fed, then 1 row of 4 tokens
             both = runner.run_rows([0, 1], step, [[30, 31, 32], [21, 22, 23]], keep=3)
             one = runner.run_rows([0], [[7, 8, 9, 10]], [[33, 34, 35, 36]], keep=4)
@@ -185,10 +186,13 @@ def test_a_measured_count_also_takes_the_counts_below_it_down_to_the_last_measur
     ways = {4: linears.TRANSPOSED, 24: linears.PACKED, 1024: linears.PACKED}
     monkeypatch.setattr(
         linears,
-        "_fastest",
-        lambda layers, count, allowed: ways[count] if ways.get(count) in allowed else "plain",
+        "_ranked",
+        lambda layers, count, allowed: [
+            ways[count] if ways.get(count) in allowed else "plain",
+            *allowed,
+        ],
     )
-    measured = linears.measure(model)
+    measured = linears.measure(model).fastest
     assert measured == ways
     assert [linears.way_for(measured, n) for n in (1, 2, 3, 4, 5, 17, 24, 25, 300, 5000)] == [
         *["plain", "plain", "transposed", "transposed", "plain", "packed", "packed"],
@@ -198,12 +202,12 @@ def test_a_measured_count_also_takes_the_counts_below_it_down_to_the_last_measur
     assert all((layer._packed is None) == (layer.fused is not None) for layer in layers)
     assert all(layer.fused._packed._entry for layer in layers if layer.fused)  # type: ignore[union-attr]
     monkeypatch.setattr(linears, "_same", lambda layer, way: way == linears.PLAIN)
-    assert linears.measure(model) == {}  # products differ: every count runs F.linear
+    assert linears.measure(model) == linears.NONE  # products differ: every count runs F.linear
 
 
 def test_a_small_decoder_is_not_measured_and_nothing_is_packed() -> None:
     model = make_model("llama")  # a few KB of linear weights
-    assert linears.measure(model) == {}
+    assert linears.measure(model) == linears.NONE
     assert all(layer._packed is None for layer in linears.install(model))
 
 
@@ -212,12 +216,12 @@ def test_packing_is_a_candidate_only_up_to_its_size_limit(monkeypatch: pytest.Mo
     monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
     offered: list[tuple[str, ...]] = []
     monkeypatch.setattr(
-        linears, "_fastest", lambda layers, count, ways: offered.append(tuple(ways)) or ways[-1]
+        linears, "_ranked", lambda layers, count, ways: offered.append(tuple(ways)) or ways[::-1]
     )
-    assert set(linears.measure(model).values()) == {linears.PACKED}
+    assert set(linears.measure(model).fastest.values()) == {linears.PACKED}
     monkeypatch.setattr(linears, "PACKED_BYTES", 1)
     offered.clear()
-    assert set(linears.measure(model).values()) == {linears.TRANSPOSED}
+    assert set(linears.measure(model).fastest.values()) == {linears.TRANSPOSED}
     assert all(linears.PACKED not in ways for ways in offered)
 
 
@@ -229,12 +233,14 @@ def test_the_engines_runner_measures_its_counts_when_it_warms_up(
     monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
     monkeypatch.setattr(
         linears,
-        "_fastest",
-        lambda layers, count, ways: linears.PACKED if count <= 8 else linears.PLAIN,
+        "_ranked",
+        lambda layers, count, ways: [linears.PACKED if count <= 8 else linears.PLAIN, *ways],
     )
     model = make_model("llama")
     engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))
-    assert engine._handle.executor.batch.runner.linears == dict.fromkeys((1, 2, 4, 8), "packed")
+    assert engine._handle.executor.batch.runner.ways == linears.Ways(
+        dict.fromkeys((1, 2, 4, 8), "packed"), {}
+    )
     assert all(type(layer) is linears.EngineLinear for layer in linears.install(model))
 
 
@@ -246,3 +252,47 @@ def test_a_users_torch_compile_traces_the_installed_layers_whole() -> None:
     x = torch.randn(1, 3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), mlp(x))
+
+
+def test_an_engine_against_packing_never_takes_it_and_alone_leaves_no_copy(
+    monkeypatch: pytest.MonkeyPatch, tokenizer: Any
+) -> None:
+    from kvboost_rag import KVBoost, KVBoostConfig
+
+    monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
+    # packed is the fastest wherever it is offered, else F.linear
+    monkeypatch.setattr(
+        linears, "_ranked", lambda layers, count, ways: sorted(ways, key=lambda w: w != "packed")
+    )
+    taken: list[str] = []
+    using = linears.using
+    monkeypatch.setattr(linears, "using", lambda way: taken.append(way) or using(way))
+    model = make_model("llama")
+    layers = linears.install(model)
+
+    def copies() -> list[bool]:
+        groups = {id(layer.fused): layer.fused for layer in layers if layer.fused}.values()
+        alone = [layer._packed is not None for layer in layers if layer.fused is None]
+        return alone + [group._packed._entry is not None for group in groups]
+
+    against = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", packed_linears=False))
+    assert not any(copies())
+    want = against.generate("one two three four five", max_new_tokens=6).token_ids
+    assert taken and linears.PACKED not in taken
+
+    allowing = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))  # measured again
+    assert all(copies())
+    taken.clear()
+    assert allowing.generate("one two three four five", max_new_tokens=6).token_ids == want
+    assert linears.PACKED in taken
+    taken.clear()
+    assert against.generate("one two three four five", max_new_tokens=6).token_ids == want
+    assert taken and linears.PACKED not in taken
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_packed_linears_takes_a_bool(value: object) -> None:
+    from kvboost_rag import KVBoostConfig
+
+    with pytest.raises(ValueError, match="packed_linears must be True or False"):
+        KVBoostConfig(packed_linears=value)  # type: ignore[arg-type]
