@@ -149,7 +149,7 @@ class Executor:
             self._wake()
         return job
 
-    def warm_up(self, packed: bool | None, packed_linears: bool = True) -> None:
+    def warm_up(self, packed: bool | None, packed_linears: bool) -> None:
         """Once per executor (the first engine on its model): run ``Runner.warm_up`` on
         the loop's thread, in a row no request holds, so no request pays first-use costs.
         A later engine that lets the linear layers pack, where none before did, measures

@@ -77,11 +77,12 @@ class Runner:
         self.tokens += sum(map(len, tokens))
         return logits[:, -keep:].float()
 
-    def warm_up(self, row: int, packed: bool | None, packed_linears: bool = True) -> None:
+    def warm_up(self, row: int, packed: bool | None, packed_linears: bool) -> None:
         """Pay the first forward's one-time costs before any request does: the packed
         head's pack and check (unless ``packed`` is False), measuring the way the decoder's
-        linear layers take for each row count (``measure``), and
-        the kernels a prefill, a cached prefix's continuation and a decoding step take.
+        linear layers take for each row count (``measure``, packing them only if
+        ``packed_linears``), and the kernels a prefill, a cached prefix's continuation and
+        a decoding step take.
         Uses free row ``row`` and leaves it empty. Measured on SmolLM2-135M (fp32, 2-core
         AVX2 EPYC): the first request after a new engine took its first token 1.2 s later
         than the next ones (0.85-0.95 s of it the head's check), which ``generate`` never
