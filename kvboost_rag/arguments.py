@@ -104,6 +104,20 @@ def positive_list(text: str) -> list[int]:
     return [positive(part.strip()) for part in text.split(",")]
 
 
+def one_of(*names: str) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names, each one of ``names`` ("whole,mlps")."""
+
+    def parse(text: str) -> list[str]:
+        picked = [part.strip() for part in text.split(",")]
+        for part in picked:
+            if part not in names:
+                raise argparse.ArgumentTypeError(f"{part!r} is not one of {', '.join(names)}")
+        return picked
+
+    parse.__name__ = "names"
+    return parse
+
+
 def dtype_list(text: str) -> list[str]:
     """An argparse type: comma-separated dtype names ("bfloat16,float32")."""
     return [dtype_name(part.strip()) for part in text.split(",")]

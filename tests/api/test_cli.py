@@ -234,6 +234,8 @@ def bad_usage(tmp_path: Path) -> list[list[str]]:
         ["bench", "--no-such-option"],
         ["bench", "chat", "--repeats", "0"],
         ["bench", "load", "--dtype", "int8"],
+        ["bench", "step", "--parts", "whole,kernels"],
+        ["bench", "step", "--parts", ""],
     ]
 
 

@@ -69,6 +69,7 @@ def test_decode_report_counts_what_each_system_generated(tmp_path) -> None:
 def test_step_report_times_each_part_and_compares_the_attentions(tmp_path) -> None:
     command = [sys.executable, "-m", "kvboost_rag.cli", "bench", "step", "--rows", "1,2"]
     command += ["--keys", "64", "--dtype", "float32", "--out", str(tmp_path)]
+    command += ["--parts", "attention,linears,mlps"]  # the whole step: on the tiny model below
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "step-float32.json").read_text())
@@ -85,3 +86,27 @@ def test_step_report_times_each_part_and_compares_the_attentions(tmp_path) -> No
     transposed = [r for r in report["rows"] if r["part"].endswith("W @ x.T")]
     assert len(transposed) == 4 and all("linear_diff" in r for r in transposed)
     assert "few_query_attention" in (tmp_path / "step-float32.txt").read_text()
+
+
+def test_whole_steps_compiled_and_not_compute_the_same_logits(tmp_path, tiny_model_dir) -> None:
+    command = [sys.executable, "-m", "kvboost_rag.cli", "bench", "step", "--model", tiny_model_dir]
+    command += ["--rows", "1,2", "--keys", "24", "--parts", "whole", "--out", str(tmp_path)]
+    done = subprocess.run(command + ["--dtype", "float32"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "step-float32.json").read_text())
+    labels = ["the engine's", "StaticCache"]
+    labels += ["StaticCache, SDPA, compiled", "StaticCache, eager attention, compiled"]
+    assert [(r["part"].split(": ", 1)[1], r["rows"]) for r in report["rows"]] == [
+        (label, rows) for rows in (1, 2) for label in labels
+    ]
+    assert all(r["ms"] > 0 for r in report["rows"])
+    for row in report["rows"]:
+        label = row["part"].split(": ", 1)[1]
+        if label == "the engine's":
+            assert row["ms"] == pytest.approx(statistics.mean(row["ms_before_after"]))
+        if label.endswith("compiled"):
+            assert row["compile_s"] > 0
+        # the engine's step and the compiled ones give transformers' own logits (fp32)
+        if label != "StaticCache":
+            assert row["logits_diff"] < 1e-4
+    assert "logits' max |diff| from StaticCache's" in (tmp_path / "step-float32.txt").read_text()

@@ -1,9 +1,16 @@
 """What one decoding step's parts cost, and whether compiling them pays.
 
-    kvboost-rag bench step [--model M] [--dtype D] [--keys 900] [--rows 1,8] [--out DIR]
+    kvboost-rag bench step [--model M] [--dtype D] [--keys 900] [--rows 1,8]
+                           [--parts whole,attention,linears,mlps] [--out DIR]
 
 On the loaded model's own modules, one token per row:
 
+- the whole decoding step over ``--keys`` cached keys: the engine's (``Runner`` on its slot
+  cache, the decoder's linear layers the way ``linears.measure`` picks), and transformers'
+  forward over a ``StaticCache``, eager and through ``torch.compile`` (inductor, weights
+  frozen, C++ wrapper: the compiled step transformers' static cache is made for; its
+  ``generate`` does not compile on a CPU) with the model's SDPA and with its eager
+  attention (matrix products inductor can fuse), with the compile times;
 - the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
   into the graph, the form it prepacks for oneDNN), with the compile time;
 - the decoder layers' linear layers, and the lm_head, through ``F.linear``, on weights
@@ -23,6 +30,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +38,81 @@ import torch
 import torch.nn.functional as F
 
 from kvboost_rag import KVBoost
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
+from kvboost_rag.arguments import ArgumentParser, dtype_name, one_of, positive, positive_list
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import few_query_attention
+from kvboost_rag.core.model.hf_compat import eager_attention
 from kvboost_rag.core.model.packed import median_seconds
+
+PARTS = ("whole", "attention", "linears", "mlps")
 
 
 def timed(fn: Callable[[], object], repeats: int = 30) -> float:
     """Median milliseconds of ``fn`` (after warm-up calls)."""
     return median_seconds(fn, repeats, warmups=3) * 1e3
+
+
+def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
+    """One decoding step of the whole model, ``rows`` rows of one token over ``keys`` cached
+    keys each: the engine's, transformers' over a ``StaticCache``, and that compiled."""
+    import torch._inductor.config as inductor
+    from transformers import StaticCache
+
+    from kvboost_rag.core.generation.batch import Batch
+
+    vocab = int(model.config.vocab_size)
+    prompt = torch.randint(0, vocab, (rows, keys), generator=torch.Generator().manual_seed(0))
+    token = prompt[:, :1]
+    runner = Batch(model, model_support(model)).runner
+    runner.warm_up(0, None, packed_linears=True)
+    runner.slots.reserve(rows, keys + 1)
+    everyone = list(range(rows))
+    runner.run_rows(everyone, prompt.tolist(), [range(keys)] * rows)
+    # the same position every time: the step's width stays ``keys + 1``
+    engine = functools.partial(runner.run_rows, everyone, token.tolist(), [[keys]] * rows)
+    ours = [timed(engine)]
+
+    cache = StaticCache(config=model.config, max_cache_len=keys + 1)
+    model(input_ids=prompt, cache=cache)
+    layers: list[Any] = list(cache.layers)
+    step = {"input_ids": token, "cache": cache, "position_ids": torch.full((rows, 1), keys)}
+
+    def forward(fn: Callable[..., Any]) -> torch.Tensor:
+        for layer in layers:  # written at position ``keys`` again, as ours
+            layer.cumulative_length.fill_(keys)
+        return fn(**step).logits[:, -1:].float()  # type: ignore[no-any-return]
+
+    want = forward(model)
+
+    def differs(got: torch.Tensor) -> float:
+        return float((got - want).abs().max())
+
+    name = f"whole step over {keys} keys"
+    out = [{"part": f"{name}: StaticCache", "rows": rows, "ms": timed(lambda: forward(model))}]
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+    # the model's SDPA (torch's CPU flash kernel), then the matrix products inductor fuses
+    for label, attention in (("SDPA", nullcontext()), ("eager attention", eager_attention(model))):
+        with attention:
+            compiled = torch.compile(model.forward, dynamic=False)
+            start = time.perf_counter()
+            with inductor.patch(freezing=True, cpp_wrapper=True):
+                got = forward(compiled)
+            seconds = time.perf_counter() - start
+            out.append(
+                {
+                    "part": f"{name}: StaticCache, {label}, compiled",
+                    "rows": rows,
+                    "ms": timed(functools.partial(forward, compiled)),
+                    "compile_s": seconds,
+                    "logits_diff": differs(got),
+                }
+            )
+    ours.append(timed(engine))  # before and after the others: the machine's drift, halved
+    engine_row = {"part": f"{name}: the engine's", "rows": rows, "ms": sum(ours) / 2}
+    engine_row |= {"ms_before_after": ours, "logits_diff": differs(engine())}
+    return [engine_row, *out]
 
 
 def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
@@ -159,6 +231,9 @@ def table(report: dict[str, Any]) -> str:
             note = f"max |diff| from SDPA {row['max_diff']:.1e}"
         if "linear_diff" in row:
             note = f"max |diff| from F.linear {row['linear_diff']:.1e}"
+        if "logits_diff" in row:
+            note += "; " if note else ""
+            note += f"logits' max |diff| from StaticCache's {row['logits_diff']:.1e}"
         lines.append(f"{row['part']:<72}{row['rows']:>5}{row['ms']:>9.2f}  {note}")
     return "\n".join(lines)
 
@@ -171,18 +246,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", type=dtype_name, default=None)
     parser.add_argument("--keys", type=positive, default=900)
     parser.add_argument("--rows", type=positive_list, default=[1, 8])
+    parser.add_argument(
+        "--parts",
+        type=one_of(*PARTS),
+        default=list(PARTS),
+        help="comma-separated parts to time (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     args = parser.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
     rows: list[dict[str, Any]] = []
+    parts: dict[str, Callable[[Any, int], list[dict[str, Any]]]] = {
+        "whole": functools.partial(whole_step_rows, keys=args.keys),
+        "attention": functools.partial(attention_rows, keys=args.keys),
+        "linears": linear_rows,
+        "mlps": mlp_rows,
+    }
     with torch.inference_mode():
-        for count in args.rows:
-            rows += attention_rows(base.model, count, args.keys)
-        for count in args.rows:
-            rows += linear_rows(base.model, count)
-        for count in args.rows:
-            rows += mlp_rows(base.model, count)
+        for part in PARTS:
+            if part in args.parts:
+                for count in args.rows:
+                    rows += parts[part](base.model, count)
     command = sys.argv[1:] if argv is None else list(argv)
     report = {
         "command": "kvboost-rag bench step " + " ".join(command),
