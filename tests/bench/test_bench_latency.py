@@ -96,8 +96,10 @@ def test_whole_steps_compiled_and_not_compute_the_same_logits(tmp_path, tiny_mod
     report = json.loads((tmp_path / "step-float32.json").read_text())
     labels = ["the engine's", "StaticCache"]
     labels += ["StaticCache, SDPA, compiled", "StaticCache, eager attention, compiled"]
+    row_compiled = "the engine's row, eager attention, compiled"  # one row only
     assert [(r["part"].split(": ", 1)[1], r["rows"]) for r in report["rows"]] == [
-        (label, rows) for rows in (1, 2) for label in labels
+        *((label, 1) for label in [*labels, row_compiled]),
+        *((label, 2) for label in labels),
     ]
     assert all(r["ms"] > 0 for r in report["rows"])
     for row in report["rows"]:

@@ -10,7 +10,8 @@ On the loaded model's own modules, one token per row:
   forward over a ``StaticCache``, eager and through ``torch.compile`` (inductor, weights
   frozen, C++ wrapper: the compiled step transformers' static cache is made for; its
   ``generate`` does not compile on a CPU) with the model's SDPA and with its eager
-  attention (matrix products inductor can fuse), with the compile times;
+  attention (matrix products inductor can fuse), and, for one row, the engine's own row
+  compiled the same way (``compiled_row``), with the compile times;
 - the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
   into the graph, the form it prepacks for oneDNN), with the compile time;
 - the decoder layers' linear layers, and the lm_head, through ``F.linear``, on weights
@@ -109,10 +110,55 @@ def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
                     "logits_diff": differs(got),
                 }
             )
+    if rows == 1:
+        row, logits = compiled_row(model, runner.slots, token, keys)
+        out.append({"part": f"{name}: {ROW}", **row, "logits_diff": differs(logits)})
     ours.append(timed(engine))  # before and after the others: the machine's drift, halved
     engine_row = {"part": f"{name}: the engine's", "rows": rows, "ms": sum(ours) / 2}
     engine_row |= {"ms_before_after": ours, "logits_diff": differs(engine())}
     return [engine_row, *out]
+
+
+ROW = "the engine's row, eager attention, compiled"
+
+
+def compiled_row(
+    model: Any, slots: Any, token: torch.Tensor, keys: int
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """The engine's own row 0 compiled, as the engine could: transformers' forward over a
+    ``StaticCache`` whose layers view row 0 of the slot cache's buffers (``slots``), their
+    capacity marked dynamic (one compile for any capacity), the row's length given by a
+    4D mask; eager attention, frozen weights. The engine does not compile yet."""
+    import torch._inductor.config as inductor
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=1)
+    layers: list[Any] = list(cache.layers)
+    for layer, slot in zip(layers, slots.slot_layers):
+        buffers = slot.buffers
+        layer.lazy_initialization(buffers[0][:1, :, :1], buffers[1][:1, :, :1])
+        layer.keys, layer.values = buffers[0][:1], buffers[1][:1]  # views: writes land there
+        torch._dynamo.mark_dynamic(layer.keys, 2)
+        torch._dynamo.mark_dynamic(layer.values, 2)
+    mask = torch.zeros(1, 1, 1, slots.capacity, dtype=model.dtype)
+    mask[..., keys + 1 :] = torch.finfo(model.dtype).min
+    torch._dynamo.mark_dynamic(mask, 3)
+    step = {"input_ids": token, "cache": cache, "position_ids": torch.full((1, 1), keys)}
+    step["attention_mask"] = mask
+
+    def forward(fn: Callable[..., Any]) -> torch.Tensor:
+        for layer in layers:
+            layer.cumulative_length.fill_(keys)
+        return fn(**step).logits[:, -1:].float()  # type: ignore[no-any-return]
+
+    with eager_attention(model):
+        compiled = torch.compile(model.forward)
+        start = time.perf_counter()
+        with inductor.patch(freezing=True, cpp_wrapper=True):
+            got = forward(compiled)
+        seconds = time.perf_counter() - start
+        ms = timed(functools.partial(forward, compiled))
+    return {"rows": 1, "ms": ms, "compile_s": seconds}, got
 
 
 def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
