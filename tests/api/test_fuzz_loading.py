@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import raised_in_package, run_thorough
+from fuzzing import JUNK, attempt, deadline
 from hypothesis import event, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from test_fuzz_api import JUNK, attempt, deadline
 
 import kvboost_rag.core.engine as engine_module
 from kvboost_rag import KVBoost, KVBoostConfig
