@@ -11,7 +11,8 @@ On the loaded model's own modules, one token per row:
   frozen, C++ wrapper: the compiled step transformers' static cache is made for; its
   ``generate`` does not compile on a CPU) with the model's SDPA and with its eager
   attention (matrix products inductor can fuse), and, for one row, the engine's own row
-  compiled the same way (``compiled_row``), with the compile times;
+  compiled the same way (``compiled_row``), with the compile times (not for models with
+  sliding-window layers, whose static cache layers count positions apart);
 - the MLPs of every layer, eager and through ``torch.compile`` (inductor, weights frozen
   into the graph, the form it prepacks for oneDNN), with the compile time;
 - the decoder layers' linear layers, and the lm_head, through ``F.linear``, on weights
@@ -63,10 +64,14 @@ def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
 
     from kvboost_rag.core.generation.batch import Batch
 
+    support = model_support(model)
+    if support.sliding_window is not None:  # sliding StaticCache layers keep their own count
+        print("whole step: not timed, the model has sliding-window layers")
+        return []
     vocab = int(model.config.vocab_size)
     prompt = torch.randint(0, vocab, (rows, keys), generator=torch.Generator().manual_seed(0))
     token = prompt[:, :1]
-    runner = Batch(model, model_support(model)).runner
+    runner = Batch(model, support).runner
     runner.warm_up(0, None, packed_linears=True)
     runner.slots.reserve(rows, keys + 1)
     everyone = list(range(rows))
