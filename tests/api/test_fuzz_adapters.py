@@ -16,25 +16,141 @@ from typing import Any
 import pytest
 from conftest import assert_clear, run_thorough
 from fuzzing import (
-    ADAPTER_SAMPLING,
     ALPHABET,
-    DOCUMENTS,
-    LC_INPUT,
-    LI_MESSAGES,
+    ANY_TEXT,
+    CALL,
+    FINISH,
+    JUNK,
     MAX_NEW,
     ODD_TEXT,
     PROMPT,
     TEXT_PROMPT,
+    WORDS,
     attempt,
-    check_stats,
-    check_text,
     deadline,
     fuzz_engine,
+    sampling,
+    stops_of,
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from langchain_core.documents import Document
+from llama_index.core.schema import TextNode
 
 from kvboost_rag import EmptyPromptError, KVBoost, passage
+
+# -- the adapters -------------------------------------------------------------------------
+
+ODD_METADATA = st.dictionaries(WORDS, WORDS | JUNK, max_size=2)
+DOCUMENTS = (
+    st.none()
+    | st.none()
+    | st.lists(WORDS, min_size=1, max_size=3)
+    | st.lists(
+        st.builds(lambda t, m: Document(page_content=t, metadata=m), WORDS, ODD_METADATA)
+        | st.builds(lambda t, m: TextNode(text=t, metadata=m), WORDS, ODD_METADATA),
+        min_size=1,
+        max_size=3,
+    )
+    | st.lists(
+        WORDS
+        | ANY_TEXT
+        | ODD_TEXT
+        | st.builds(lambda t: Document(page_content=t), TEXT_PROMPT | ODD_TEXT)
+        | st.builds(lambda t: TextNode(text=t), TEXT_PROMPT | ODD_TEXT)
+        | JUNK,
+        max_size=3,
+    )
+    | WORDS  # a lone string, not a list
+    | JUNK
+)
+# The adapters' per-call options: ``max_tokens``; None keeps the field's value.
+ADAPTER_SAMPLING = sampling("max_tokens", none_refused=False)
+CALL_BLOCKS = st.lists(
+    WORDS
+    | st.just({"type": "text", "text": "hi"})
+    | st.just({"type": "image_url", "image_url": {"url": "http://example.invalid/x.png"}})
+    | st.just({"text": "a block without a type"}),
+    max_size=2,
+)
+LC_KINDS = ("system", "human", "ai", "ai_call", "tool", "chat", "function")
+
+
+def lc_message(kind: str, content: Any, role: str) -> Any:
+    from langchain_core import messages as lc
+
+    if kind == "chat":
+        return lc.ChatMessage(role=role, content=content)
+    if kind == "ai_call":
+        call = {"name": "lookup", "args": {"q": "x"}, "id": "call_1"}
+        return lc.AIMessage(content=content, tool_calls=[call])
+    if kind == "tool":
+        return lc.ToolMessage(content=content, tool_call_id="call_1")
+    if kind == "function":
+        return lc.FunctionMessage(content=content, name="lookup")
+    cls = {"system": lc.SystemMessage, "human": lc.HumanMessage, "ai": lc.AIMessage}[kind]
+    return cls(content=content)
+
+
+LC_MESSAGE = st.builds(
+    lc_message,
+    st.sampled_from(LC_KINDS),
+    WORDS | ANY_TEXT | ODD_TEXT | st.just(passage("a marked passage")) | CALL_BLOCKS,
+    st.sampled_from(["user", "assistant", "wizard", ""]),
+)
+LC_INPUT = (
+    WORDS
+    | st.lists(st.builds(lambda t: lc_message("human", t, ""), WORDS), min_size=1, max_size=2)
+    | st.lists(LC_MESSAGE, max_size=3)
+)
+
+
+def li_message(role: str, content: Any, extra: dict[str, Any], block: Any) -> Any:
+    from llama_index.core.base.llms.types import ChatMessage
+
+    message = ChatMessage(role=role, content=content, additional_kwargs=extra)
+    if block is not None:
+        message.blocks.append(block)
+    return message
+
+
+def li_block(kind: str) -> Any:
+    from llama_index.core.base.llms.types import ImageBlock, ToolCallBlock
+
+    if kind == "image":
+        return ImageBlock(url="http://example.invalid/x.png")
+    return ToolCallBlock(tool_name="lookup", tool_kwargs={"good": {"q": "x"}, "bad": "{bad"}[kind])
+
+
+LI_ROLES = ("system", "developer", "user", "assistant", "function", "tool", "model")
+LI_MESSAGES = st.lists(
+    st.builds(li_message, st.sampled_from(LI_ROLES), WORDS, st.just({}), st.none()),
+    min_size=1,
+    max_size=2,
+) | st.lists(
+    st.builds(
+        li_message,
+        st.sampled_from(LI_ROLES),
+        WORDS | ANY_TEXT | ODD_TEXT | st.none(),
+        st.just({})
+        | st.fixed_dictionaries({"tool_call_id": WORDS | JUNK})
+        | st.fixed_dictionaries({"tool_calls": st.lists(CALL, max_size=2)}),
+        st.none() | st.sampled_from(["image", "good", "bad"]).map(li_block),
+    ),
+    max_size=3,
+)
+
+
+def check_text(text: Any, stop: Any) -> None:
+    assert isinstance(text, str)
+    assert not any(s in text for s in stops_of({"stop": stop}))
+
+
+def check_stats(stats: dict[str, Any], max_tokens: Any) -> None:
+    most = int(max_tokens) if max_tokens is not None else MAX_NEW
+    assert stats["finish_reason"] in FINISH
+    assert 1 <= stats["completion_tokens"] <= most
+    assert stats["reused_tokens"] + stats["recomputed_tokens"] == stats["prompt_tokens"]
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,6 @@ def timed(fn: Callable[[], object], repeats: int = 30) -> float:
 def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
     """One decoding step of the whole model, ``rows`` rows of one token over ``keys`` cached
     keys each: the engine's, transformers' over a ``StaticCache``, and that compiled."""
-    import torch._inductor.config as inductor
     from transformers import StaticCache
 
     from kvboost_rag.core.generation.batch import Batch
@@ -82,14 +81,7 @@ def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
 
     cache = StaticCache(config=model.config, max_cache_len=keys + 1)
     model(input_ids=prompt, cache=cache)
-    layers: list[Any] = list(cache.layers)
-    step = {"input_ids": token, "cache": cache, "position_ids": torch.full((rows, 1), keys)}
-
-    def forward(fn: Callable[..., Any]) -> torch.Tensor:
-        for layer in layers:  # written at position ``keys`` again, as ours
-            layer.cumulative_length.fill_(keys)
-        return fn(**step).logits[:, -1:].float()  # type: ignore[no-any-return]
-
+    forward = static_step(cache, keys, {"input_ids": token})
     want = forward(model)
 
     def differs(got: torch.Tensor) -> float:
@@ -101,20 +93,9 @@ def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
     # the model's SDPA (torch's CPU flash kernel), then the matrix products inductor fuses
     for label, attention in (("SDPA", nullcontext()), ("eager attention", eager_attention(model))):
         with attention:
-            compiled = torch.compile(model.forward, dynamic=False)
-            start = time.perf_counter()
-            with inductor.patch(freezing=True, cpp_wrapper=True):
-                got = forward(compiled)
-            seconds = time.perf_counter() - start
-            out.append(
-                {
-                    "part": f"{name}: StaticCache, {label}, compiled",
-                    "rows": rows,
-                    "ms": timed(functools.partial(forward, compiled)),
-                    "compile_s": seconds,
-                    "logits_diff": differs(got),
-                }
-            )
+            timing, got = compiled_timing(model, forward, dynamic=False)
+        part = f"{name}: StaticCache, {label}, compiled"
+        out.append({"part": part, "rows": rows, **timing, "logits_diff": differs(got)})
     if rows == 1:
         row, logits = compiled_row(model, runner.slots, token, keys)
         out.append({"part": f"{name}: {ROW}", **row, "logits_diff": differs(logits)})
@@ -134,11 +115,10 @@ def compiled_row(
     ``StaticCache`` whose layers view row 0 of the slot cache's buffers (``slots``), their
     capacity marked dynamic (one compile for any capacity), the row's length given by a
     4D mask; eager attention, frozen weights. The engine does not compile yet."""
-    import torch._inductor.config as inductor
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=1)
-    layers: list[Any] = list(cache.layers)
+    layers: list[Any] = list(cache.layers)  # static layers (no sliding ones: see the caller)
     for layer, slot in zip(layers, slots.slot_layers):
         buffers = slot.buffers
         layer.lazy_initialization(buffers[0][:1, :, :1], buffers[1][:1, :, :1])
@@ -148,22 +128,44 @@ def compiled_row(
     mask = torch.zeros(1, 1, 1, slots.capacity, dtype=model.dtype)
     mask[..., keys + 1 :] = torch.finfo(model.dtype).min
     torch._dynamo.mark_dynamic(mask, 3)
-    step = {"input_ids": token, "cache": cache, "position_ids": torch.full((1, 1), keys)}
-    step["attention_mask"] = mask
+    forward = static_step(cache, keys, {"input_ids": token, "attention_mask": mask})
+    with eager_attention(model):
+        timing, got = compiled_timing(model, forward, dynamic=None)
+    return {"rows": 1, **timing}, got
+
+
+def static_step(
+    cache: Any, keys: int, inputs: dict[str, Any]
+) -> Callable[[Callable[..., Any]], torch.Tensor]:
+    """A forward through ``fn`` (the model or its compiled forward) of ``inputs`` over the
+    ``StaticCache`` ``cache``, written at position ``keys`` every time (its layers' counts
+    set back); the last token's float32 logits."""
+    layers: list[Any] = list(cache.layers)
+    rows = inputs["input_ids"].shape[0]
+    step = inputs | {"cache": cache, "position_ids": torch.full((rows, 1), keys)}
 
     def forward(fn: Callable[..., Any]) -> torch.Tensor:
         for layer in layers:
             layer.cumulative_length.fill_(keys)
         return fn(**step).logits[:, -1:].float()  # type: ignore[no-any-return]
 
-    with eager_attention(model):
-        compiled = torch.compile(model.forward)
-        start = time.perf_counter()
-        with inductor.patch(freezing=True, cpp_wrapper=True):
-            got = forward(compiled)
-        seconds = time.perf_counter() - start
-        ms = timed(functools.partial(forward, compiled))
-    return {"rows": 1, "ms": ms, "compile_s": seconds}, got
+    return forward
+
+
+def compiled_timing(
+    model: Any, forward: Callable[[Callable[..., Any]], torch.Tensor], dynamic: bool | None
+) -> tuple[dict[str, float], torch.Tensor]:
+    """``model.forward`` compiled by inductor (frozen weights, C++ wrapper) and run through
+    ``forward``: its median ``ms`` and ``compile_s`` (the first call), and the first call's
+    logits."""
+    import torch._inductor.config as inductor
+
+    compiled = torch.compile(model.forward, dynamic=dynamic)
+    start = time.perf_counter()
+    with inductor.patch(freezing=True, cpp_wrapper=True):
+        got = forward(compiled)
+    seconds = time.perf_counter() - start
+    return {"ms": timed(functools.partial(forward, compiled)), "compile_s": seconds}, got
 
 
 def mlp_rows(model: Any, rows: int) -> list[dict[str, Any]]:
