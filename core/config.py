@@ -32,6 +32,8 @@ PassagePrefix = Literal["prompt", "anchor"]
 # "encode": treat it as a miss (encoded now under the real prefix, or the prompt is
 # prefilled plainly and its passages encoded after the answer).
 PrefixFallback = Literal["nearest", "encode"]
+# Whether a one-request decoding step runs compiled: ``KVBoostConfig.compiled_step``.
+CompiledStepChoice = Literal["off", "measured", "on"]
 
 
 def check_fidelity(value: str) -> Fidelity:
@@ -143,6 +145,15 @@ class KVBoostConfig:
     # memory (for decoders with up to 2 GiB of them). False: this engine's requests never
     # take it, and a model none of whose engines allow it keeps no packed copy.
     packed_linears: bool = True
+    # A one-request decoding step compiled by torch.compile (inductor, weights frozen,
+    # core/generation/compiled.py): SmolLM2-135M's one-token step over 900 keys took 24-30
+    # against 38-50 ms eager (bf16, 2-core CPU). Compiling costs a minute or two when the
+    # first such engine on a model is built (inductor caches it on disk for later
+    # processes) and about one more copy of the linear weights. "off": never; "measured":
+    # compile, check its logits against the eager step's, and take it for steps of one
+    # request feeding one token where it measured faster; "on": take it wherever the
+    # check passed. ``stats().batch.compiled_state`` says whether it runs, or why not.
+    compiled_step: CompiledStepChoice = "off"
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -200,6 +211,7 @@ class KVBoostConfig:
             )
         if not isinstance(self.packed_linears, bool):
             raise ValueError(f"packed_linears must be True or False, got {self.packed_linears!r}")
+        _check_choice("compiled_step", self.compiled_step, CompiledStepChoice)
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

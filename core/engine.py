@@ -75,7 +75,9 @@ class KVBoost:
             model, self.config, self.support, self._prompts, self._caches, self._handle.executor
         )
         self._path = RequestPath(self._handle, tokenizer, self.config, self._caches)
-        self._handle.executor.warm_up(self.config.packed_head, self.config.packed_linears)
+        executor = self._handle.executor
+        executor.warm_up(self.config.packed_head, self.config.packed_linears)
+        executor.compile_step(self.config.compiled_step)
         self._handle.executor.hand_over()  # the pool that loaded the model (openmp.py)
 
     @property

@@ -119,7 +119,9 @@ class Batch:
             self._end(request, error)
 
     def stats(self) -> BatchStats:
-        return BatchStats(self._steps, self._stepped_rows, self._peak, self._seconds)
+        compiled = self.runner.compiled
+        counts = (self._steps, self._stepped_rows, self._peak, self._seconds)
+        return BatchStats(*counts, compiled.steps, compiled.state, compiled.ms)
 
     # -- schedule ----------------------------------------------------------------------
 
@@ -242,8 +244,9 @@ class Batch:
         try:
             packed = [r.packed for r in running]
             linear = all(r.packed_linears for r in running)
+            compiled = all(r.compiled for r in running)
             logits = self.runner.run_rows(
-                list(range(count)), tokens, positions, keep, packed, linear
+                list(range(count)), tokens, positions, keep, packed, linear, compiled
             )
         except BaseException as error:
             for request in running:
@@ -266,10 +269,19 @@ class Batch:
         return request.drafter.draft(room)
 
     def _drafts_pay(self, running: list[Request], proposals: list[list[int]]) -> bool:
-        """Whether this step feeds ``proposals``: always for one row (a few more tokens
-        cost a row's forward little), for several while they hit often enough."""
+        """Whether this step feeds ``proposals``. For one row a few more tokens cost its
+        forward little, so always, unless the row could take the compiled step instead
+        (``compiled.py``; a draft's verify runs eagerly): then while its drafts' first
+        token is chosen often enough to pay the eager forward's extra time, ``hits`` at
+        least the eager step's time over the compiled one's, less one (each fed draft
+        gains a token at that rate at least). For several rows, while they hit often
+        enough."""
         if len(running) == 1:
-            return True
+            row = running[0]
+            gain = self.runner.compiled.gain
+            if gain is None or not row.compiled or row.drafter is None:
+                return True
+            return row.drafter.hits >= gain - 1
         hits = sum(r.drafter.hits for r, p in zip(running, proposals) if p and r.drafter)
         return hits / len(running) >= DRAFT_COST_PER_ROW * len(running)
 

@@ -164,6 +164,24 @@ class Executor:
         elif again:
             self.call(lambda: runner.measure(packed_linears=True))
 
+    def compile_step(self, choice: str) -> None:
+        """For an engine whose ``compiled_step`` is not "off": compile the one-row step on
+        the loop's thread, once per executor, in row 0 while no request holds a row (else
+        it stays eager, with the reason)."""
+        if choice == "off":
+            return
+        batch = self.batch
+
+        def compile_now() -> None:
+            if batch.rows:
+                state = batch.runner.compiled
+                if state.state == "off":
+                    state.state = "eager: requests held rows when an engine asked to compile"
+                return
+            batch.runner.compile_step(0, measured=choice == "measured")
+
+        self.call(compile_now)
+
     def drain(self) -> None:
         """Wait until every job queued so far (deferred ones too) has run."""
         with self._changed:

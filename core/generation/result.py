@@ -127,3 +127,8 @@ class BatchStats:
     peak: int  # the most requests decoded in one step
     seconds: float = 0.0  # spent in steps (forward and token choice): rows / seconds is
     # the batch's decoding throughput in tokens/s
+    compiled_steps: int = 0  # of ``steps``, taken by the compiled one-row step
+    # (``KVBoostConfig.compiled_step``): "off", "on", or why the eager step runs instead
+    compiled_state: str = "off"
+    # its warm-up check's step times, ms: (compiled, eager), where it compiled
+    compiled_check_ms: tuple[float, float] | None = None

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.generation.compiled import CHECK_KEYS, CompiledStep
 from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.arch import ModelSupport
@@ -33,6 +34,7 @@ class Runner:
         self.windows = support.windows
         self.head = PackedHead(model)
         self.ways = linears.NONE  # row count -> the decoder's linear way (``measure``)
+        self.compiled = CompiledStep(model, support, slots)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
 
@@ -44,12 +46,21 @@ class Runner:
         keep: int = 1,
         packed: Sequence[bool | None] = (False,),
         packed_linears: bool = True,
+        compiled: bool = False,
     ) -> torch.Tensor:
         """Feed ``tokens[i]`` at ``positions[i]`` (ascending) to row ``rows[i]``; float32
         logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row.
         ``packed``: the rows' requests' ``packed_head`` (``_packs`` decides);
         ``packed_linears``: whether every row's request lets the linear layers take their
-        packed copies."""
+        packed copies; ``compiled``: whether every row's request lets the step take the
+        compiled forward (``compiled.py``: row 0 alone, one token at its end)."""
+        if compiled and self._compiles(rows, tokens, positions):
+            logits = self.compiled.run(tokens[0][0], positions[0][0])
+            if logits is not None:
+                self.slots.lengths[0] = positions[0][0] + 1
+                self.forwards += 1
+                self.tokens += 1
+                return logits
         width = max(p[-1] for p in positions) + 1
         self.slots.reserve(max(rows) + 1, width)
         contiguous = list(rows) == list(range(rows[0], rows[0] + len(rows)))
@@ -77,6 +88,20 @@ class Runner:
         self.tokens += sum(map(len, tokens))
         return logits[:, -keep:].float()
 
+    def _compiles(
+        self,
+        rows: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        positions: Sequence[Sequence[int]],
+    ) -> bool:
+        """Whether a forward is one the compiled step takes: row 0 alone, one token at its
+        end, within the buffers' columns (the eager forward grows them)."""
+        if not self.compiled.usable or list(rows) != [0] or len(tokens[0]) != 1:
+            return False
+        position, buffers = positions[0][0], self.slots.slot_layers[0].buffers
+        columns = 0 if buffers is None else buffers[0].shape[2]  # the last: scratch
+        return position == self.slots.lengths[0] and position + 1 < columns
+
     def warm_up(self, row: int, packed: bool | None, packed_linears: bool) -> None:
         """Pay the first forward's one-time costs before any request does: the packed
         head's pack and check (unless ``packed`` is False), measuring the way the decoder's
@@ -96,6 +121,26 @@ class Runner:
             self.run_rows([row], [ids], [range(8, 16)])
             self.run_rows([row], [ids[:1]], [[16]], packed=[packed])
         self.slots.lengths[row] = 0
+        self.forwards, self.tokens = forwards, fed
+
+    def compile_step(self, row: int, measured: bool) -> None:
+        """Compile the one-row step (``CompiledStep.prepare``) on row 0, checked and timed
+        against the eager step over ``CHECK_KEYS`` keys (``measured``: kept only if
+        faster), when row ``row`` is 0 and free; otherwise it stays off."""
+        if self.compiled.state != "off" or row != 0:
+            return
+        vocab = int(self.model.config.vocab_size)
+        ids = [(7 * i + 3) % vocab for i in range(CHECK_KEYS)]
+
+        def eager(token: int, position: int) -> torch.Tensor:
+            self.slots.lengths[0] = position  # the step continues the row, every time
+            return self.run_rows([0], [[token]], [[position]])
+
+        forwards, fed = self.forwards, self.tokens
+        with torch.inference_mode():
+            self.run_rows([0], [ids], [range(CHECK_KEYS)])
+            self.compiled.prepare(eager, measured)
+        self.slots.lengths[0] = 0
         self.forwards, self.tokens = forwards, fed
 
     def measure(self, packed_linears: bool) -> None:

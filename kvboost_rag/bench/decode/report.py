@@ -96,7 +96,14 @@ def table(report: dict[str, Any]) -> str:
         ),
         *(f"failed: {name}: {why[-160:]}" for name, why in report.get("peers_failed", {}).items()),
     ]
-    head = f"{'system':<26}{'tokens/s':>9}{'x':>7}{'TTLT ms':>10}{'x':>7}{'TTFT ms':>9}{'same':>8}"
+    step = report.get("compiled_step")
+    if step:
+        times = step["ms_compiled_eager"]
+        said = f", warm-up step {times[0]:.1f} against {times[1]:.1f} ms eager" if times else ""
+        lines.append(
+            f"compiled step: {step['state']} (compiled in {step['compile_s']:.0f} s{said})"
+        )
+    head = f"{'system':<30}{'tokens/s':>9}{'x':>7}{'TTLT ms':>10}{'x':>7}{'TTFT ms':>9}{'same':>8}"
     current = None
     for line in report["summary"]:
         key = (line["length"], line["kind"], line["level"])
@@ -105,7 +112,7 @@ def table(report: dict[str, Any]) -> str:
             lines += ["", f"{line['length']} tokens, {line['kind']}, {line['level']} at once", head]
         same = f"{line['same']}/{line['compared']}" if line["compared"] else "-"
         lines.append(
-            f"{line['system']:<26}{line['tokens_per_s']:>9.1f}{_x(line['x'])}{line['ttlt_ms']:>10.0f}"
+            f"{line['system']:<30}{line['tokens_per_s']:>9.1f}{_x(line['x'])}{line['ttlt_ms']:>10.0f}"
             f"{_x(line['ttlt_x'])}{line['ttft_ms']:>9.0f}{same:>8}"
         )
     return "\n".join([*lines, "", *NOTES])

@@ -1,7 +1,8 @@
 """The whole answer: output tokens/s and time to last token against what a CPU user runs.
 
     python -m kvboost_rag.bench.decode [--lengths 12,64,256] [--requests 3]
-        [--concurrency 1,8] [--llama-cpp PYTHON] [--vllm PYTHON] [--out DIR] [--quick]
+        [--concurrency 1,8] [--compiled] [--llama-cpp PYTHON] [--vllm PYTHON] [--out DIR]
+        [--quick]
 
 RAG chat prompts (~880 tokens: a system message, four essay passages with one invented fact
 each, a question) of two kinds: *extractive* (quote the passage about an archive, word for
@@ -14,6 +15,10 @@ greedy and exactly N tokens long (``min_new_tokens``). Systems, on one model obj
   batch warmed beforehand (``warm_passages`` under the prompts' layout, not timed, as
   ``warm_corpus`` runs ahead of queries), so a request reuses its passages wherever they
   land and computes the rest: what a RAG user gets once the corpus is warm;
+- with ``--compiled``, ``ours, compiled`` and ``ours, warm balanced, compiled``: the same
+  engines with ``compiled_step="measured"`` (a one-request step compiled by inductor, taken
+  where the warm-up measured it faster; compiling takes a minute or two before the first
+  cell, not timed; the report says whether it ran and the warm-up's times);
 - ``generate`` and ``generate + prompt lookup``: ``model.generate`` without and with
   ``prompt_lookup_num_tokens=10`` (transformers' own prompt-lookup speculation);
 - peers in environments of their own, run as subprocesses when a Python is given:
@@ -217,6 +222,15 @@ def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
         "generate": generate_system(base, n, None),
         "generate + prompt lookup": generate_system(base, n, 10),
     }
+    if args.compiled:
+        start = time.perf_counter()
+        compiled = KVBoostConfig(fidelity="exact", draft_tokens=8, compiled_step="measured")
+        found["ours, compiled"] = engine_system(KVBoost(model, tokenizer, compiled), n)
+        args.compile_s = max(getattr(args, "compile_s", 0.0), time.perf_counter() - start)
+        warm = KVBoostConfig(fidelity="balanced", compiled_step="measured")
+        found["ours, warm balanced, compiled"] = engine_system(
+            KVBoost(model, tokenizer, warm), n, warm=True
+        )
     files = _model_files(args.model)
     threads = {"threads": str(torch.get_num_threads())}
     if args.llama_cpp:
@@ -278,6 +292,13 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 runs += [_run(n, k, lv, b, name, r) for (k, lv, b, _), r in zip(cells, got)]
     base.model.generation_config.min_new_tokens = None
+    batch = base.stats().batch  # the model's engines share its executor
+    assert batch is not None
+    compiled = {
+        "state": batch.compiled_state,
+        "ms_compiled_eager": batch.compiled_check_ms,
+        "compile_s": getattr(args, "compile_s", 0.0),
+    }
     peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
     if failed:
         peers |= {name.split(" N=")[0]: False for name in failed}
@@ -288,6 +309,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(base),
         "peers_run": peers,
         "peers_failed": failed,
+        "compiled_step": compiled if args.compiled else None,
         "runs": runs,
         "summary": summarize(runs),
         "seconds": time.perf_counter() - start,
@@ -325,6 +347,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=positive, default=3, help="requests per cell at batch 1")
     parser.add_argument("--concurrency", type=positive_list, default=[1, 8])
+    parser.add_argument(
+        "--compiled", action="store_true", help="also the engines with compiled_step='measured'"
+    )
     parser.add_argument("--llama-cpp", default=None, help="python of an env with llama-cpp-python")
     parser.add_argument("--vllm", default=None, help="python of an env with vllm-cpu")
     parser.add_argument("--seed", type=int, default=0)
