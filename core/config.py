@@ -146,13 +146,14 @@ class KVBoostConfig:
     # take it, and a model none of whose engines allow it keeps no packed copy.
     packed_linears: bool = True
     # A one-request decoding step compiled by torch.compile (inductor, weights frozen,
-    # core/generation/compiled.py): SmolLM2-135M's one-token step over 900 keys took 24-30
-    # against 38-50 ms eager (bf16, 2-core CPU). Compiling costs a minute or two when the
-    # first such engine on a model is built (inductor caches it on disk for later
-    # processes) and about one more copy of the linear weights. "off": never; "measured":
-    # compile, check its logits against the eager step's, and take it for steps of one
-    # request feeding one token where it measured faster; "on": take it wherever the
-    # check passed. ``stats().batch.compiled_state`` says whether it runs, or why not.
+    # core/generation/compiled.py): SmolLM2-135M's one-token step took 25-28 against 36-41
+    # ms eager at the warm-up's check (bf16, 2-core CPU; fp32 72 against 75). Compiling
+    # costs a minute or two when the first such engine on a model is built (inductor
+    # caches it on disk for later processes) and about one more copy of the linear
+    # weights. "off": never; "measured": compile, check its logits against the eager
+    # step's, and take it for steps of one request feeding one token where it measured
+    # faster; "on": take it wherever the check passed. ``stats().batch.compiled_state``
+    # says whether it runs, or why not.
     compiled_step: CompiledStepChoice = "off"
 
     def __post_init__(self) -> None:

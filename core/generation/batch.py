@@ -271,17 +271,16 @@ class Batch:
     def _drafts_pay(self, running: list[Request], proposals: list[list[int]]) -> bool:
         """Whether this step feeds ``proposals``. For one row a few more tokens cost its
         forward little, so always, unless the row could take the compiled step instead
-        (``compiled.py``; a draft's verify runs eagerly): then while its drafts' first
-        token is chosen often enough to pay the eager forward's extra time, ``hits`` at
-        least the eager step's time over the compiled one's, less one (each fed draft
-        gains a token at that rate at least). For several rows, while they hit often
-        enough."""
+        (``compiled.py``; a draft's verify runs eagerly): then while the tokens a fed draft
+        adds (``PromptLookup.gain``) pay the eager forward's extra time, at least the eager
+        step's time over the compiled one's, less one. For several rows, while they hit
+        often enough."""
         if len(running) == 1:
             row = running[0]
-            gain = self.runner.compiled.gain
-            if gain is None or not row.compiled or row.drafter is None:
+            speedup = self.runner.compiled.gain
+            if speedup is None or not row.compiled or row.drafter is None:
                 return True
-            return row.drafter.hits >= gain - 1
+            return row.drafter.gain >= speedup - 1
         hits = sum(r.drafter.hits for r, p in zip(running, proposals) if p and r.drafter)
         return hits / len(running) >= DRAFT_COST_PER_ROW * len(running)
 
@@ -304,6 +303,8 @@ class Batch:
         if request.drafter is not None:
             if proposal:
                 request.drafter.judged(proposal[0], chosen[0])
+            if kept:
+                request.drafter.kept(kept)
             request.drafter.extend(chosen)
         # Positions past the kept tokens hold a rejected draft's KV: no longer part of the row.
         self.slots.crop(self.rows.index(request), len(request.tokens) - 1)

@@ -9,10 +9,11 @@ forward of row 0 alone feeding one token at its end takes the compiled step.
 The compiled forward is transformers' own, over a cache whose layers are views of row 0 of
 the ``SlotCache`` buffers (so its writes land in the engine's KV), with the row's length
 given as a 4D mask and the buffers' capacity marked dynamic: one compile serves the row as
-its buffers grow (measured: 1280 then 2048 columns, no recompile). Attention runs eagerly
-(matrix products inductor fuses; the compiled SDPA kernel measured 34 against 24 ms) and
-inductor freezes the weights (it prepacks them for oneDNN: about one more copy of the
-decoder's linear weights in memory) and emits a C++ wrapper.
+its buffers grow (measured: 1280 then 2048 columns, no recompile). Attention is matrix
+products in the model's dtype, as transformers' eager attention computes it
+(``attention.grouped_attention``; the compiled SDPA kernel measured 34 against 24 ms with
+eager attention), and inductor freezes the weights (it prepacks them for oneDNN: about one
+more copy of the decoder's linear weights in memory) and emits a C++ wrapper.
 
 Compiling takes a minute or two per model (70-100 s for SmolLM2-135M here; inductor caches
 its output on disk, so a later process on the same model is quicker), so it is opt-in
@@ -36,7 +37,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvboost_rag.core.generation.slots import SlotCache
 from kvboost_rag.core.model.arch import ModelSupport
-from kvboost_rag.core.model.hf_compat import eager_attention
+from kvboost_rag.core.model.attention import compiled_step
 
 # Keys the warm-up's check and timing run over: long enough that attention counts as in a
 # RAG prompt (at 2048 keys a float32 step was level with the eager one, at 900 faster).
@@ -189,7 +190,7 @@ class CompiledStep:
             "cache": self._cache,
             "use_cache": True,
         }
-        with eager_attention(self.model):
+        with compiled_step():
             logits = self._forward(**inputs).logits
         return logits[:, -1:].float()  # type: ignore[no-any-return]
 

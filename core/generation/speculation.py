@@ -31,6 +31,8 @@ class PromptLookup:
     def __init__(self, tokens: Sequence[int], max_draft: int) -> None:
         self.max_draft = max_draft
         self.hits = 1.0  # how often a draft's first token was chosen, recent steps most
+        # tokens kept of a fed draft whose first token was, recent drafts most
+        self.run = max(1.0, max_draft / 2)
         self._tokens: list[int] = []
         # n-gram -> where the token after its latest occurrence is
         self._last: dict[tuple[int, ...], int] = {}
@@ -60,6 +62,15 @@ class PromptLookup:
             if start is not None:
                 return self._tokens[start : start + count]
         return []
+
+    def kept(self, count: int) -> None:
+        """A fed draft had ``count`` tokens kept (its first among them: ``count`` >= 1)."""
+        self.run = HIT_MEMORY * self.run + (1 - HIT_MEMORY) * count
+
+    @property
+    def gain(self) -> float:
+        """About how many tokens a fed draft adds: ``hits`` times ``run``."""
+        return self.hits * self.run
 
     def judged(self, proposed: int, chosen: int) -> None:
         """A draft starting with ``proposed`` was offered (fed or not) where ``chosen``

@@ -83,6 +83,24 @@ def engine_forwards() -> Iterator[None]:
         _ENGINE.reset(token)
 
 
+# whether the engine's compiled step is being traced or run (``compiled_step``): a module
+# global, not a context variable, so that dynamo guards on it
+_COMPILED_STEP = False
+
+
+@contextmanager
+def compiled_step() -> Iterator[None]:
+    """Mark the forwards inside as the engine's compiled one-row step: traced, their
+    attention is ``grouped_attention`` (matrix products inductor schedules around, in the
+    model's dtype as transformers' eager attention computes) instead of SDPA's kernel."""
+    global _COMPILED_STEP
+    _COMPILED_STEP = True
+    try:
+        yield
+    finally:
+        _COMPILED_STEP = False
+
+
 # (the score vector to add to, how many leading key positions it covers) while a probe runs
 _PROBE: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar(
     "kvboost_probe", default=None
@@ -130,6 +148,8 @@ def attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     if torch.compiler.is_compiling():  # a user's torch.compile: transformers' SDPA, unbroken
+        if _COMPILED_STEP:
+            return grouped_attention(module, query, key, value, attention_mask, scaling), None
         return sdpa_attention_forward(  # type: ignore[no-any-return]
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
@@ -288,3 +308,30 @@ def few_query_attention(
         scores = scores.view(batch, kv_heads, groups * q, keys)
     out = torch.matmul(torch.softmax(scores, dim=-1), value.float())
     return out.view(batch, heads, q, dim).transpose(1, 2).to(query.dtype)
+
+
+def grouped_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """transformers' eager attention (scores and weighted sum in the model's dtype, softmax
+    in float32, an additive ``mask`` ``[batch, 1, q, >=keys]``) without ``repeat_kv``'s
+    copies: the query heads of a group are one matrix against their key-value head. Returns
+    ``[batch, q, heads, dim]``. What the compiled step traces (SmolLM2-135M's compiled step
+    with transformers' eager attention took 24 against 34 ms with SDPA, bf16, 900 keys)."""
+    batch, heads, q, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else dim**-0.5
+    grouped = query.reshape(batch, kv_heads, groups * q, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.view(batch, kv_heads, groups, q, keys) + mask[:, :, None, -q:, :keys]
+        scores = scores.view(batch, kv_heads, groups * q, keys)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value)
+    return out.view(batch, heads, q, dim).transpose(1, 2).contiguous()

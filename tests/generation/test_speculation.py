@@ -141,6 +141,15 @@ def test_hits_follow_how_often_a_drafts_first_token_is_chosen() -> None:
     assert lookup.hits == pytest.approx(0.7 * 0.49 + 0.3)
 
 
+def test_gain_is_hits_times_the_tokens_fed_drafts_kept() -> None:
+    lookup = PromptLookup([1, 2, 3], max_draft=8)
+    assert lookup.gain == pytest.approx(4.0)  # before any draft: half the longest kept
+    lookup.kept(8)
+    assert lookup.run == pytest.approx(0.7 * 4 + 0.3 * 8)
+    lookup.judged(4, 5)
+    assert lookup.gain == pytest.approx(0.7 * (0.7 * 4 + 0.3 * 8))
+
+
 @pytest.mark.parametrize("cost", [0.0, 10.0])
 def test_a_batch_feeds_drafts_only_while_they_pay(
     cost: float, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
