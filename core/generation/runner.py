@@ -133,8 +133,9 @@ class Runner:
         ids = [(7 * i + 3) % vocab for i in range(CHECK_KEYS)]
 
         def eager(token: int, position: int) -> torch.Tensor:
-            self.slots.lengths[0] = position  # the step continues the row, every time
-            return self.run_rows([0], [[token]], [[position]])
+            # the step a request takes: continuing the row, the head packed where it pays
+            self.slots.lengths[0] = position
+            return self.run_rows([0], [[token]], [[position]], packed=[None])
 
         forwards, fed = self.forwards, self.tokens
         with torch.inference_mode():
