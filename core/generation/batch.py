@@ -121,7 +121,9 @@ class Batch:
     def stats(self) -> BatchStats:
         compiled = self.runner.compiled
         counts = (self._steps, self._stepped_rows, self._peak, self._seconds)
-        return BatchStats(*counts, compiled.steps, compiled.state, compiled.ms)
+        return BatchStats(
+            *counts, compiled.steps, compiled.state, compiled.ms, compiled.compile_seconds
+        )
 
     # -- schedule ----------------------------------------------------------------------
 

@@ -132,3 +132,4 @@ class BatchStats:
     compiled_state: str = "off"
     # its warm-up check's step times, ms: (compiled, eager), where it compiled
     compiled_check_ms: tuple[float, float] | None = None
+    compiled_seconds: float = 0.0  # the warm-up's compile, where it compiled

@@ -49,6 +49,7 @@ def test_compiled_steps_give_the_eager_steps_answers(arch: str, tokenizer: Any) 
     stats = compiled.stats().batch
     assert stats is not None and stats.compiled_state == "on", stats
     assert stats.compiled_check_ms is not None and min(stats.compiled_check_ms) > 0
+    assert stats.compiled_seconds > 0
     want = answers(eager)
     assert compiled_steps(eager) == 0  # an eager engine's requests never take it
     got = answers(compiled)
@@ -100,7 +101,7 @@ def test_sliding_window_models_decode_eagerly_and_say_why(tokenizer: Any) -> Non
     eager, compiled = engines(make_model("mistral"), tokenizer, 0, "on")
     stats = compiled.stats().batch
     assert stats is not None and "sliding-window" in stats.compiled_state
-    assert stats.compiled_check_ms is None
+    assert stats.compiled_check_ms is None and stats.compiled_seconds == 0
     assert answers(compiled) == answers(eager)
     assert compiled_steps(compiled) == 0
 
