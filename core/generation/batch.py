@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.generation.drafting import Drafting
 from kvboost_rag.core.generation.request import Request, Status
 from kvboost_rag.core.generation.result import BatchStats
 from kvboost_rag.core.generation.runner import Runner
@@ -44,26 +45,6 @@ FILL_TOKENS = 1024
 # cores: 1.25 ms per prompt token for 2-3 rows filled together, 0.88 for one alone), so a
 # CPU fills one row a turn; an accelerator batches them.
 FILL_ROWS = {"cpu": 1}
-# Drafted tokens per row when several rows decode at once: each is one more query row in
-# every row's forward (rows are padded to the longest draft), so a short draft pays where
-# a request's own 8 would not. 8 concurrent 256-token answers (SmolLM2-135M fp32, 2-core
-# AVX2 EPYC, docs/bench/decode-concurrent-float32.txt) measured 45.4 against 37.1 tokens/s
-# extractive and 41.8 against 33.5 open-ended with 2 drafted and none. At 64 tokens, where
-# the 8 prefills take most of the time, 2 was below none open-ended (18.5 against 22.8);
-# one step of 8 rows over ~900 keys took ~170 / ~200 / ~250 ms feeding 1 / 2 / 3 tokens a
-# row, and in one run of every choice, twice, 1 drafted measured 12.7-13.2 tokens/s
-# open-ended against 12.6-12.8 for none and 11.7-12.4 for 2 (extractive 14.3 twice for 1,
-# 13.6-15.0 for none, 12.6-14.8 for 2; greedy answers identical throughout).
-BATCH_DRAFT_TOKENS = 1
-# A batched step feeds its rows' drafts only while they are kept often enough to pay for
-# widening the forward (rows are padded alike, so one row's draft widens every row): while
-# the running rows' mean ``PromptLookup.hits`` (how often a draft's first token was the
-# one chosen, judged on the drafts not fed too) is at least this times the row count. A
-# 1-token draft a row measured +7% on a step of 4 rows and +30% on one of 8 (SmolLM2-135M
-# fp32 over ~900 keys, 2-core AVX-512 EPYC, interleaved: 89 / 95 ms, 91 / 118 ms), so it
-# pays above a 7% / 30% hit rate; 0.04 a row asks 16% / 32%. Extractive answers hit far
-# above it; open-ended ones over these passages hit ~50% (56 steps of 8 rows fell to 37).
-DRAFT_COST_PER_ROW = 0.04
 
 
 class Row:
@@ -97,6 +78,7 @@ class Batch:
     def __init__(self, model: Any, support: ModelSupport) -> None:
         self.slots = SlotCache(len(support.layer_types))
         self.runner = Runner(model, support, self.slots)
+        self.drafting = Drafting(self.runner.compiled)
         self.rows: list[Request] = []
         self._fill_rows = FILL_ROWS.get(torch.device(model.device).type)
         self._steps = self._stepped_rows = self._peak = 0
@@ -236,8 +218,9 @@ class Batch:
             return
         start = time.perf_counter()
         running = self.rows[:count]
-        proposals = [self._draft(r) for r in running]
-        drafts = proposals if self._drafts_pay(running, proposals) else [[] for _ in running]
+        proposals = [self.drafting.propose(r, count) for r in running]
+        drafts = proposals if self.drafting.pays(running) else [[] for _ in running]
+        compiled_before = self.runner.compiled.steps
         tokens = [[r.tokens[-1], *d] for r, d in zip(running, drafts)]
         positions = [
             list(range(len(r.tokens) - 1, len(r.tokens) + len(d))) for r, d in zip(running, drafts)
@@ -260,31 +243,10 @@ class Batch:
         self._peak = max(self._peak, count)
         for i, (request, draft) in enumerate(zip(running, drafts)):
             self._accept(request, logits[i, keep - 1 - len(draft) :], draft, proposals[i])
-        self._seconds += time.perf_counter() - start
-
-    def _draft(self, request: Request) -> list[int]:
-        if request.drafter is None:
-            return []
-        room = request.sampler.max_length - len(request.tokens) - 1  # the bonus token's
-        if self.running() > 1:
-            room = min(room, BATCH_DRAFT_TOKENS)
-        return request.drafter.draft(room)
-
-    def _drafts_pay(self, running: list[Request], proposals: list[list[int]]) -> bool:
-        """Whether this step feeds ``proposals``. For one row a few more tokens cost its
-        forward little, so always, unless the row could take the compiled step instead
-        (``compiled.py``; a draft's verify runs eagerly): then while the tokens a fed draft
-        adds (``PromptLookup.gain``) pay the eager forward's extra time, at least the eager
-        step's time over the compiled one's, less one. For several rows, while they hit
-        often enough."""
-        if len(running) == 1:
-            row = running[0]
-            speedup = self.runner.compiled.gain
-            if speedup is None or not row.compiled or row.drafter is None:
-                return True
-            return row.drafter.gain >= speedup - 1
-        hits = sum(r.drafter.hits for r, p in zip(running, proposals) if p and r.drafter)
-        return hits / len(running) >= DRAFT_COST_PER_ROW * len(running)
+        seconds = time.perf_counter() - start
+        self._seconds += seconds
+        if count == 1:
+            self.drafting.timed(self.runner.compiled.steps > compiled_before, any(drafts), seconds)
 
     def _accept(
         self, request: Request, logits: Any, draft: list[int], proposal: Sequence[int] = ()
@@ -305,8 +267,6 @@ class Batch:
         if request.drafter is not None:
             if proposal:
                 request.drafter.judged(proposal[0], chosen[0])
-            if kept:
-                request.drafter.kept(kept)
             request.drafter.extend(chosen)
         # Positions past the kept tokens hold a rejected draft's KV: no longer part of the row.
         self.slots.crop(self.rows.index(request), len(request.tokens) - 1)

@@ -13,8 +13,10 @@ draft saves little and loses the tokens it leaves out. Shrinking the draft after
 what was kept (and growing it back by 2 a step) measured slower on SmolLM2-135M fp32 (2-core
 AVX-512 EPYC, 64-token answers over ~880-token RAG prompts, 3 prompts x 2): 19.5 against
 13.2 ms a token after the first on extractive answers, 37.0 against 28.6 on open-ended
-ones. ``hits`` follows how often a draft's first token is the one chosen next, whether or not
-the draft was fed (a batch feeds drafts only while they are worth their cost).
+ones. ``hits`` follows how often a draft's first token is the one chosen next, and ``worth`` how
+many tokens a draft would keep, by the n-gram it was matched on; both judge the drafts not
+fed too (a batch feeds drafts only while they are worth their cost, ``drafting.py``), so a
+request that stopped feeding them still sees when they would pay again.
 """
 
 from __future__ import annotations
@@ -31,26 +33,34 @@ class PromptLookup:
     def __init__(self, tokens: Sequence[int], max_draft: int) -> None:
         self.max_draft = max_draft
         self.hits = 1.0  # how often a draft's first token was chosen, recent steps most
-        # tokens kept of a fed draft whose first token was, recent drafts most
-        self.run = max(1.0, max_draft / 2)
+        # By the n-gram length a draft was matched on: the tokens such a draft keeps (0
+        # when its first is not chosen), recent drafts most; half a draft before any.
+        self._worth = dict.fromkeys(NGRAMS, max(1.0, max_draft / 2))
+        self.matched = 0  # the n-gram length of the latest draft (0: none)
         self._tokens: list[int] = []
         # n-gram -> where the token after its latest occurrence is
         self._last: dict[tuple[int, ...], int] = {}
+        # drafts offered, fed or not, awaiting the tokens they guessed: (n, start, draft)
+        self._open: list[tuple[int, int, list[int]]] = []
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
-        """Index ``tokens`` appended to the request. An n-gram is indexed once a token
-        follows it, so the request's own suffix is never its latest occurrence."""
+        """Index ``tokens`` appended to the request, and judge the open drafts by them. An
+        n-gram is indexed once a token follows it, so the request's own suffix is never its
+        latest occurrence."""
         for token in tokens:
             self._tokens.append(token)
             end = len(self._tokens)
             for n in NGRAMS:
                 if end - n - 1 >= 0:
                     self._last[tuple(self._tokens[end - n - 1 : end - 1])] = end - 1
+        if self._open:
+            self._judge_open()
 
     def draft(self, limit: int) -> list[int]:
         """Up to ``min(self.max_draft, limit)`` tokens that followed the longest suffix of
         the tokens before; empty when no suffix occurred before."""
+        self.matched = 0
         count = min(self.max_draft, limit)
         if count <= 0:
             return []
@@ -60,19 +70,36 @@ class PromptLookup:
                 continue
             start = self._last.get(tuple(self._tokens[end - n :]))
             if start is not None:
-                return self._tokens[start : start + count]
+                draft = self._tokens[start : start + count]
+                self.matched = n
+                self._open.append((n, end, draft))
+                return draft
         return []
 
-    def kept(self, count: int) -> None:
-        """A fed draft had ``count`` tokens kept (its first among them: ``count`` >= 1)."""
-        self.run = HIT_MEMORY * self.run + (1 - HIT_MEMORY) * count
-
     @property
-    def gain(self) -> float:
-        """About how many tokens a fed draft adds: ``hits`` times ``run``."""
-        return self.hits * self.run
+    def worth(self) -> float:
+        """About how many tokens the latest draft will keep: what drafts matched on as long
+        an n-gram kept lately (0 where there was no draft)."""
+        return self._worth[self.matched] if self.matched else 0.0
 
     def judged(self, proposed: int, chosen: int) -> None:
         """A draft starting with ``proposed`` was offered (fed or not) where ``chosen``
         was the token chosen."""
         self.hits = HIT_MEMORY * self.hits + (1 - HIT_MEMORY) * (proposed == chosen)
+
+    def _judge_open(self) -> None:
+        """Each open draft that the tokens since have ended (a token it guessed wrong, or
+        all of it seen) counts its kept tokens, the agreeing prefix, toward its n-gram's
+        ``worth``: a fed draft's is what the sampler kept, an unfed one's what it would have
+        (for greedy decoding exactly so)."""
+        still = []
+        for n, start, draft in self._open:
+            seen = self._tokens[start : start + len(draft)]
+            kept = 0
+            while kept < len(seen) and seen[kept] == draft[kept]:
+                kept += 1
+            if kept < len(seen) or len(seen) == len(draft):
+                self._worth[n] = HIT_MEMORY * self._worth[n] + (1 - HIT_MEMORY) * kept
+            else:
+                still.append((n, start, draft))
+        self._open = still

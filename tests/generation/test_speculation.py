@@ -16,7 +16,7 @@ from conftest import ARCHITECTURES, make_model
 from test_batching import together
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.generation import batch as batch_module
+from kvboost_rag.core.generation import drafting as drafting_module
 from kvboost_rag.core.generation.runner import Runner
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
@@ -141,13 +141,24 @@ def test_hits_follow_how_often_a_drafts_first_token_is_chosen() -> None:
     assert lookup.hits == pytest.approx(0.7 * 0.49 + 0.3)
 
 
-def test_gain_is_hits_times_the_tokens_fed_drafts_kept() -> None:
-    lookup = PromptLookup([1, 2, 3], max_draft=8)
-    assert lookup.gain == pytest.approx(4.0)  # before any draft: half the longest kept
-    lookup.kept(8)
-    assert lookup.run == pytest.approx(0.7 * 4 + 0.3 * 8)
-    lookup.judged(4, 5)
-    assert lookup.gain == pytest.approx(0.7 * (0.7 * 4 + 0.3 * 8))
+def test_worth_counts_what_drafts_kept_fed_or_not_by_their_ngram() -> None:
+    """Each draft, fed or not, is judged by the tokens that followed: the prefix it guessed
+    counts toward the ``worth`` of drafts matched on as long an n-gram."""
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], max_draft=4)
+    assert lookup.worth == 0.0  # no draft yet
+    assert lookup.draft(10) == [3, 4, 5, 6] and lookup.matched == 2  # (1, 2) -> 3
+    assert lookup.worth == pytest.approx(2.0)  # before any was judged: half a draft
+    lookup.extend([3, 4])  # agrees so far: still open
+    assert lookup.worth == pytest.approx(2.0)
+    lookup.extend([5, 6])  # all four seen and right
+    assert lookup.worth == pytest.approx(0.7 * 2 + 0.3 * 4)
+    assert lookup.draft(10) == [7, 8, 9, 1] and lookup.matched == 3  # (4, 5, 6) -> 7
+    assert lookup.worth == pytest.approx(2.0)  # 3-gram drafts: none judged yet
+    lookup.extend([0])  # wrong at once: 0 kept
+    assert lookup.worth == pytest.approx(0.7 * 2)
+    assert lookup.draft(10) == [] and lookup.worth == 0.0  # (5, 6, 0), (6, 0), (0): new
+    lookup.extend([1, 2])
+    assert lookup.draft(10) == [3, 4, 5, 6] and lookup.worth == pytest.approx(2.6)
 
 
 @pytest.mark.parametrize("cost", [0.0, 10.0])
@@ -157,7 +168,7 @@ def test_a_batch_feeds_drafts_only_while_they_pay(
     """Rows decoding together feed their drafts while their hit rate pays for the wider
     forward (``DRAFT_COST_PER_ROW``): at no cost always, at a cost no hit rate reaches
     never; a lone row always does. Answers are the same either way."""
-    monkeypatch.setattr(batch_module, "DRAFT_COST_PER_ROW", cost)
+    monkeypatch.setattr(drafting_module, "DRAFT_COST_PER_ROW", cost)
     plain, drafting = engine("llama", tokenizer, 0), engine("llama", tokenizer, 8)
     want = [plain.generate(q, max_new_tokens=n).token_ids for q, n in WORK]
     fed: list[int] = []  # the most tokens a row was fed, in forwards of several rows

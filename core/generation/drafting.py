@@ -1,0 +1,79 @@
+"""Which drafts a decoding step feeds (``speculation.py`` proposes them).
+
+A lone row feeds its draft: on a CPU a few more tokens cost its forward little, unless
+the row could take the compiled step instead (``compiled.py``), since a draft's verify runs
+eagerly. Then it feeds a draft while the tokens it should keep (``PromptLookup.worth``, by
+the n-gram it was matched on, judged on drafts fed or not) pay for the verify: while
+``worth + 1`` is at least the eager verify's time over the compiled step's, both measured
+on this row's recent steps (starting from the warm-up's check, ``CompiledStep.ms``).
+Several rows feed their drafts while they hit often enough to pay for widening every row's
+forward.
+"""
+
+from __future__ import annotations
+
+from kvboost_rag.core.generation.compiled import CompiledStep
+from kvboost_rag.core.generation.request import Request
+
+# Drafted tokens per row when several rows decode at once: each is one more query row in
+# every row's forward (rows are padded to the longest draft), so a short draft pays where
+# a request's own 8 would not. 8 concurrent 256-token answers (SmolLM2-135M fp32, 2-core
+# AVX2 EPYC, docs/bench/decode-concurrent-float32.txt) measured 45.4 against 37.1 tokens/s
+# extractive and 41.8 against 33.5 open-ended with 2 drafted and none. At 64 tokens, where
+# the 8 prefills take most of the time, 2 was below none open-ended (18.5 against 22.8);
+# one step of 8 rows over ~900 keys took ~170 / ~200 / ~250 ms feeding 1 / 2 / 3 tokens a
+# row, and in one run of every choice, twice, 1 drafted measured 12.7-13.2 tokens/s
+# open-ended against 12.6-12.8 for none and 11.7-12.4 for 2 (extractive 14.3 twice for 1,
+# 13.6-15.0 for none, 12.6-14.8 for 2; greedy answers identical throughout).
+BATCH_DRAFT_TOKENS = 1
+# A batched step feeds its rows' drafts only while they are kept often enough to pay for
+# widening the forward (rows are padded alike, so one row's draft widens every row): while
+# the running rows' mean ``PromptLookup.hits`` (how often a draft's first token was the
+# one chosen, judged on the drafts not fed too) is at least this times the row count. A
+# 1-token draft a row measured +7% on a step of 4 rows and +30% on one of 8 (SmolLM2-135M
+# fp32 over ~900 keys, 2-core AVX-512 EPYC, interleaved: 89 / 95 ms, 91 / 118 ms), so it
+# pays above a 7% / 30% hit rate; 0.04 a row asks 16% / 32%. Extractive answers hit far
+# above it; open-ended ones over these passages hit ~50% (56 steps of 8 rows fell to 37).
+DRAFT_COST_PER_ROW = 0.04
+# Weight of the earlier steps in a lone row's step times (compiled, eager verify).
+TIME_MEMORY = 0.7
+
+
+class Drafting:
+    """The draft policy of one batch; only the executor's thread uses it."""
+
+    def __init__(self, compiled: CompiledStep) -> None:
+        self.compiled = compiled
+        # A lone row's recent step times, seconds: (compiled step, eager step with a draft);
+        # None until a lone row may take the compiled step
+        self.times: list[float] | None = None
+
+    def propose(self, request: Request, running: int) -> list[int]:
+        """``request``'s draft for this step, while ``running`` rows decode."""
+        if request.drafter is None:
+            return []
+        room = request.sampler.max_length - len(request.tokens) - 1  # the bonus token's
+        if running > 1:
+            room = min(room, BATCH_DRAFT_TOKENS)
+        return request.drafter.draft(room)
+
+    def pays(self, running: list[Request]) -> bool:
+        """Whether this step feeds the drafts just proposed to ``running``."""
+        if len(running) == 1:
+            row = running[0]
+            if not self.compiled.usable or not row.compiled or row.drafter is None:
+                return True
+            if self.times is None:
+                assert self.compiled.ms is not None
+                self.times = [ms / 1e3 for ms in self.compiled.ms]
+            compiled, verify = self.times
+            return row.drafter.worth + 1 >= verify / compiled
+        hits = sum(r.drafter.hits for r in running if r.drafter and r.drafter.matched)
+        return hits / len(running) >= DRAFT_COST_PER_ROW * len(running)
+
+    def timed(self, compiled: bool, drafted: bool, seconds: float) -> None:
+        """A lone row's step took ``seconds``: ``compiled``, or eager feeding a draft."""
+        if self.times is None or compiled == drafted:
+            return  # no compiled step to weigh drafts against, or an eager step without one
+        kind = 0 if compiled else 1
+        self.times[kind] = TIME_MEMORY * self.times[kind] + (1 - TIME_MEMORY) * seconds
