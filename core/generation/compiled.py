@@ -110,14 +110,6 @@ class CompiledStep:
     def usable(self) -> bool:
         return self.state == "on"
 
-    @property
-    def gain(self) -> float | None:
-        """The eager step's time over the compiled one's at the warm-up's check, while the
-        compiled step runs; else None."""
-        if not self.usable or self.ms is None:
-            return None
-        return self.ms[1] / self.ms[0]
-
     def unavailable(self) -> str | None:
         """Why this model cannot take a compiled step; None where it can try."""
         if torch.device(self.model.device).type != "cpu":

@@ -5,7 +5,8 @@ the row could take the compiled step instead (``compiled.py``), since a draft's 
 eagerly. Then it feeds a draft while the tokens it should keep (``PromptLookup.worth``, by
 the n-gram it was matched on, judged on drafts fed or not) pay for the verify: while
 ``worth + 1`` is at least the eager verify's time over the compiled step's, both measured
-on this row's recent steps (starting from the warm-up's check, ``CompiledStep.ms``).
+on the model's recent steps of one row (starting from the warm-up's check,
+``CompiledStep.ms``).
 Several rows feed their drafts while they hit often enough to pay for widening every row's
 forward.
 """
