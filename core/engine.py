@@ -95,7 +95,9 @@ class KVBoost:
         config: KVBoostConfig | None = None,
         **model_kwargs: Any,
     ) -> KVBoost:
-        """Load an embedded alias (``"smollm2-135m-instruct"``), a local path or an HF id.
+        """Load an embedded alias (``"smollm2-135m-instruct"``, ``"qwen2.5-coder-1.5b-instruct"``:
+        ``kvboost-rag models`` lists them), a model folder, a GGUF file (converted once into
+        the cache, ``gguf_file=`` as transformers takes it) or an HF id.
 
         ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
         hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
@@ -109,7 +111,7 @@ class KVBoost:
             raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
         dev = check_device(device)
         chosen = check_dtype(dtype) or default_dtype(dev)
-        path = resolve_model_path(model)
+        path = resolve_model_path(model, gguf_file=model_kwargs.pop("gguf_file", None))
         hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
         engine = cls(hf_model, tokenizer, config)
         engine.name = model

