@@ -39,6 +39,7 @@ from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.result import BatchStats
 from kvboost_rag.core.model import openmp
 from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.model.yielding import Preempted, preemptible
 
 T = TypeVar("T")
 IDLE_SECONDS = 1.0  # the loop's thread ends after this long without work
@@ -52,14 +53,22 @@ class Job:
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        self.urgent = False  # a caller now waits for this background job: it goes first
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Run ``fn``; False when a request preempted it (it is to run again)."""
         try:
             self.result = self.fn()
+        except Preempted:
+            return False
         except BaseException as error:  # handed to the waiting caller
             self.error = error
-        finally:
-            self.done.set()
+        self.done.set()
+        return True
+
+    def hurry(self) -> None:
+        """Run this background job before the others queued (a caller waits for it)."""
+        self.urgent = True
 
     def wait(self) -> Any:
         self.done.wait()
@@ -81,9 +90,13 @@ class Executor:
         self._runner: threading.Thread | None = None  # the thread running the loop
         self._thread: threading.Thread | None = None  # the background thread, while it lives
         self._idle = False  # the background thread is waiting for work (a caller may lead)
+        self._in_job = False  # it runs a background job (a caller may lead once it yields)
+        self._running: Job | None = None  # the job the loop runs now (``drain`` waits for it)
         self._closing = False
         self._warmed = False
         self._packs_linears = False  # whether the linear layers were measured with packing
+        self._layers = support.layers  # where background forwards yield (``yielding.py``)
+        self.preempted = 0  # background jobs dropped for a request, to run again
         _LIVE.add(self)
 
     # -- the callers' side -------------------------------------------------------------
@@ -99,16 +112,21 @@ class Executor:
 
     def run(self, request: Request) -> None:
         """Queue ``request`` and return once it has ended. The calling thread runs the loop
-        meanwhile when no other thread is running it (an idle background thread hands it
-        over); when its request ends with work left, a background thread takes over."""
+        meanwhile when no other thread is running it (a background thread that is idle, or
+        running work nobody waits for, hands it over: that work's forward is dropped at the
+        next decoder layer); when its request ends with work left, a background thread
+        takes over."""
         request.submitted_at = time.perf_counter()
         me = threading.current_thread()
         with self._changed:
             self._waiting.append(request)
-            lead = self._runner is None or (self._runner is self._thread and self._idle)
+            background = self._runner is not None and self._runner is self._thread
+            lead = self._runner is None or (background and (self._idle or self._in_job))
             if lead:
-                self._runner = me  # an idle background thread sees this and ends
+                self._runner = me  # the background thread sees this and ends
             self._changed.notify_all()
+            while lead and self._in_job:  # until its forward is dropped
+                self._changed.wait()
         if not lead:
             self.hand_over()
             request.done.wait()
@@ -142,7 +160,10 @@ class Executor:
     def post(self, fn: Callable[[], object]) -> Job:
         """Queue ``fn`` for the loop's thread without waiting for it. It runs once no
         request is waiting, building or decoding (work deferred after an answer must not
-        delay the next one); ``Job.wait`` waits for it."""
+        delay the next one), and a request or a caller's job arriving meanwhile drops its
+        forward between two decoder layers (``yielding.py``): ``fn`` then runs again from
+        its start once none is left, so it must be safe to repeat. ``Job.wait`` waits for
+        it."""
         job = Job(fn)
         with self._changed:
             self._background.append(job)
@@ -185,7 +206,8 @@ class Executor:
     def drain(self) -> None:
         """Wait until every job queued so far (deferred ones too) has run."""
         with self._changed:
-            jobs = [*self._jobs, *self._background]
+            running = [] if self._running is None else [self._running]
+            jobs = [*running, *self._jobs, *self._background]
         for job in jobs:
             job.done.wait()
 
@@ -245,11 +267,44 @@ class Executor:
     def _turn(self) -> None:
         with self._changed:
             job = self._jobs.popleft() if self._jobs else None
-            if job is None and self._background and not (self.batch.rows or self._waiting):
-                job = self._background.popleft()
-        if job is not None:
-            job.run()
+            background = job is None and bool(self._background)
+            if background and not (self.batch.rows or self._waiting):
+                job = next((j for j in self._background if j.urgent), self._background[0])
+                self._background.remove(job)
+            self._running = job
+        try:
+            if job is not None and background:
+                self._run_background(job)
+            elif job is not None:
+                job.run()
+        finally:
+            with self._changed:
+                self._running = None
+        if threading.current_thread() is not self._runner:
+            return  # a caller took the loop over while a background job yielded
         self.batch.turn(self._next_waiting)
+
+    def _run_background(self, job: Job) -> None:
+        """Run ``job`` until a request or a caller's job arrives; dropped, it goes back to
+        the front of the queue."""
+        finished = False
+        with self._changed:
+            self._in_job = True
+        try:
+            with preemptible(self._layers, self._arrived):
+                finished = job.run()
+        finally:
+            with self._changed:
+                self._in_job = False
+                if not finished:
+                    self.preempted += 1
+                    self._background.appendleft(job)
+                self._changed.notify_all()
+
+    def _arrived(self) -> bool:
+        """Whether a request or a caller's job waits (read without the lock: a deque's
+        length is read atomically, and a late answer only delays the yield by a layer)."""
+        return bool(self._waiting or self._jobs)
 
     def _next_waiting(self) -> Request | None:
         """The first waiting request, taken off the queue, if the batch admits it."""

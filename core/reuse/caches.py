@@ -19,11 +19,12 @@ import warnings
 import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.generation.result import Timings
 from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.model.yielding import Preempted
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import anchor_tokens
 from kvboost_rag.core.reuse.assemble import PassageReuse, RowKV
@@ -37,7 +38,14 @@ from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.store.tiers import TieredStore
 from kvboost_rag.core.store.writer import Writer
 
-Post = Callable[[Callable[[], object]], object]  # queues a job on the model's executor
+
+class Pending(Protocol):
+    """A queued background job (the executor's ``Job``)."""
+
+    def hurry(self) -> None: ...
+
+
+Post = Callable[[Callable[[], object]], Pending]  # queues a job on the model's executor
 
 
 class Caches:
@@ -69,8 +77,10 @@ class Caches:
         # An index update still running when the interpreter finalizes aborts the process.
         atexit.register(_close_at_exit, weakref.ref(self))
         # Deferred passage encodes, by passage: a lookup waits for those of its passages
-        # (under any prefix: the nearest-prefix fallback may read another layout's variant).
+        # (under any prefix: the nearest-prefix fallback may read another layout's variant),
+        # and has their jobs run before the other deferred ones.
         self._encoding: dict[tuple[int, ...], threading.Event] = {}
+        self._jobs: dict[tuple[int, ...], list[Pending]] = {}
         self._encoding_lock = threading.Lock()
 
     @property
@@ -91,11 +101,17 @@ class Caches:
         )
 
     def _await_encodes(self, prompt: TokenizedPrompt) -> None:
+        pending = []
         for start, end in prompt.passages if self._encoding else ():
+            tokens = tuple(prompt.tokens[start:end])
             with self._encoding_lock:
-                event = self._encoding.get(tuple(prompt.tokens[start:end]))
+                event, jobs = self._encoding.get(tokens), self._jobs.get(tokens, [])
+            for job in jobs:
+                job.hurry()
             if event is not None:
-                event.wait()
+                pending.append(event)
+        for event in pending:
+            event.wait()
 
     def _own(self) -> bool:
         return self.config.passage_prefix == "prompt"
@@ -149,17 +165,30 @@ class Caches:
             for tokens in encode:
                 events[tokens] = self._encoding.setdefault(tokens, threading.Event())
         for tokens in encode:  # one job per passage: a request waits for one at most
-            post(partial(self._encode, prefix, tokens, events[tokens]))
+            job = post(partial(self._encode, prefix, tokens, events[tokens]))
+            with self._encoding_lock:
+                if self._encoding.get(tokens) is events[tokens]:  # not done already
+                    self._jobs.setdefault(tokens, []).append(job)
 
     def _encode(self, prefix: Prefix, tokens: tuple[int, ...], event: threading.Event) -> None:
+        """Encode and store a deferred passage; a request arriving meanwhile drops the
+        encode (``Preempted``: nothing was stored) and it runs again later."""
         assert self.passages is not None
         try:
             self.passages.fetch(prefix, [tokens], [None])
-        finally:
-            with self._encoding_lock:
-                if self._encoding.get(tokens) is event:
-                    del self._encoding[tokens]
-            event.set()
+        except Preempted:
+            raise  # still to come: whoever waits for it goes on waiting
+        except BaseException:
+            self._encoded(tokens, event)
+            raise
+        self._encoded(tokens, event)
+
+    def _encoded(self, tokens: tuple[int, ...], event: threading.Event) -> None:
+        with self._encoding_lock:
+            if self._encoding.get(tokens) is event:
+                del self._encoding[tokens]
+                self._jobs.pop(tokens, None)
+        event.set()
 
 
 def _close_at_exit(ref: weakref.ref[Caches]) -> None:
