@@ -155,6 +155,13 @@ class KVBoostConfig:
     # faster; "on": take it wherever the check passed. ``stats().batch.compiled_state``
     # says whether it runs, or why not.
     compiled_step: CompiledStepChoice = "off"
+    # Keep what the first engine on a model measures at start (its linear layers' fastest
+    # way per row count, the packed head's check, the RoPE probe) in small JSON files under
+    # the cache root (~/.cache/kvboost-rag/measurements), keyed by the CPU, the software
+    # versions and the model's shapes, dtype or fingerprint, so a later start on this
+    # machine recalls them instead of measuring again (Qwen2.5-Coder-1.5B: several seconds).
+    # False: measure at every start, keep nothing.
+    remember_measurements: bool = True
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -210,8 +217,9 @@ class KVBoostConfig:
             raise ValueError(
                 f"packed_head must be True, False or None (auto), got {self.packed_head!r}"
             )
-        if not isinstance(self.packed_linears, bool):
-            raise ValueError(f"packed_linears must be True or False, got {self.packed_linears!r}")
+        for name in ("packed_linears", "remember_measurements"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_choice("compiled_step", self.compiled_step, CompiledStepChoice)
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:

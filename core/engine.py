@@ -21,6 +21,7 @@ from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.result import EngineStats, GenerationResult, WarmResult
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
+from kvboost_rag.core.model import measurements
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
@@ -55,7 +56,9 @@ class KVBoost:
         # What integrations report as the model's name; from_pretrained sets what was asked.
         self.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.fingerprint = model_fingerprint(model, tokenizer)
-        self._handle = ModelHandle.of(model)
+        folder = measurements.default_folder() if self.config.remember_measurements else None
+        measured = measurements.Measurements(folder, self.fingerprint.hex())
+        self._handle = ModelHandle.of(model, measured)
         self.support = self._handle.support
         self.context_window = self._handle.context_window
         self._prompts = PromptEncoder(
@@ -76,7 +79,7 @@ class KVBoost:
         )
         self._path = RequestPath(self._handle, tokenizer, self.config, self._caches)
         executor = self._handle.executor
-        executor.warm_up(self.config.packed_head, self.config.packed_linears)
+        executor.warm_up(self.config.packed_head, self.config.packed_linears, measured)
         executor.compile_step(self.config.compiled_step)
         self._handle.executor.hand_over()  # the pool that loaded the model (openmp.py)
 

@@ -119,6 +119,16 @@ def _make_other(arch: str, vocab: int) -> torch.nn.Module:
     return Phi3ForCausalLM(Phi3Config(**kwargs, rope_parameters=rope))
 
 
+@pytest.fixture(autouse=True)
+def _measure_at_every_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engines made in tests keep no measurements (``KVBoostConfig.remember_measurements``):
+    a kept one would carry a test's faked timings into later tests and into ~/.cache.
+    tests/model/test_measurements.py gives them a folder of its own."""
+    from kvboost_rag.core.model import measurements
+
+    monkeypatch.setattr(measurements, "default_folder", lambda: None)
+
+
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerFast:
     return make_tokenizer()

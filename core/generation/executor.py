@@ -39,6 +39,7 @@ from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.result import BatchStats
 from kvboost_rag.core.model import openmp
 from kvboost_rag.core.model.arch import ModelSupport
+from kvboost_rag.core.model.measurements import Measurements
 from kvboost_rag.core.model.yielding import Preempted, preemptible
 
 T = TypeVar("T")
@@ -170,20 +171,24 @@ class Executor:
             self._wake()
         return job
 
-    def warm_up(self, packed: bool | None, packed_linears: bool) -> None:
-        """Once per executor (the first engine on its model): run ``Runner.warm_up`` on
-        the loop's thread, in a row no request holds, so no request pays first-use costs.
-        A later engine that lets the linear layers pack, where none before did, measures
-        them again with packing."""
+    def warm_up(
+        self, packed: bool | None, packed_linears: bool, measurements: Measurements
+    ) -> None:
+        """Once per executor (the first engine on its model): ``Runner.prepare`` on the
+        loop's thread (what steers the forwards, recalled from ``measurements`` or
+        measured), then ``Runner.first_use`` queued as background work, so no request
+        pays first-use costs and none waits for them. A later engine that lets the linear
+        layers pack, where none before did, measures them again with packing."""
         with self._changed:
             first, again = not self._warmed, packed_linears and not self._packs_linears
             self._warmed = True
             self._packs_linears |= packed_linears
         runner = self.batch.runner
         if first:
-            self.call(lambda: runner.warm_up(len(self.batch.rows), packed, packed_linears))
+            self.call(lambda: runner.prepare(packed, packed_linears, measurements))
+            self.post(lambda: runner.first_use(0, packed, packed_linears))  # no row is held
         elif again:
-            self.call(lambda: runner.measure(packed_linears=True))
+            self.call(lambda: runner.measure(True, measurements))
 
     def compile_step(self, choice: str) -> None:
         """For an engine whose ``compiled_step`` is not "off": compile the one-row step on

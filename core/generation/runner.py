@@ -21,6 +21,7 @@ from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
+from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
 from kvboost_rag.core.model.packed import PackedHead
 
 
@@ -102,26 +103,48 @@ class Runner:
         columns = 0 if buffers is None else buffers[0].shape[2]  # the last: scratch
         return position == self.slots.lengths[0] and position + 1 < columns
 
-    def warm_up(self, row: int, packed: bool | None, packed_linears: bool) -> None:
-        """Pay the first forward's one-time costs before any request does: the packed
-        head's pack and check (unless ``packed`` is False), measuring the way the decoder's
-        linear layers take for each row count (``measure``, packing them only if
-        ``packed_linears``), and the kernels a prefill, a cached prefix's continuation and
-        a decoding step take.
-        Uses free row ``row`` and leaves it empty. Measured on SmolLM2-135M (fp32, 2-core
+    def warm_up(
+        self,
+        row: int,
+        packed: bool | None,
+        packed_linears: bool,
+        measurements: Measurements = FORGETFUL,
+    ) -> None:
+        """Pay the first forward's one-time costs before any request does: ``prepare``,
+        then ``first_use`` in free row ``row``."""
+        self.prepare(packed, packed_linears, measurements)
+        self.first_use(row, packed, packed_linears)
+
+    def prepare(
+        self, packed: bool | None, packed_linears: bool, measurements: Measurements
+    ) -> None:
+        """What steers the forwards: the way the decoder's linear layers take for each row
+        count (``measure``, packing them only if ``packed_linears``) and the packed head's
+        check (unless ``packed`` is False), each recalled from ``measurements`` where this
+        machine measured the same before, else measured and kept there."""
+        self.measure(packed_linears, measurements)
+        if packed is not False:
+            self.head.prepare(measurements)
+
+    def first_use(self, row: int, packed: bool | None, packed_linears: bool) -> None:
+        """The kernels a prefill, a cached prefix's continuation and a decoding step take,
+        run once in free row ``row`` (left empty). Measured on SmolLM2-135M (fp32, 2-core
         AVX2 EPYC): the first request after a new engine took its first token 1.2 s later
         than the next ones (0.85-0.95 s of it the head's check), which ``generate`` never
-        pays."""
+        pays. Safe to drop midway (``yielding.Preempted``) and run again; nothing to do
+        once a request's forwards ran."""
         forwards, fed = self.forwards, self.tokens
+        if forwards:
+            return  # a request came first and paid them
         vocab = int(self.model.config.vocab_size)
         ids = [i % vocab for i in range(1, 9)]
-        self.measure(packed_linears)
-        with torch.inference_mode():
-            self.run_rows([row], [ids], [range(8)])
-            self.run_rows([row], [ids], [range(8, 16)])
-            self.run_rows([row], [ids[:1]], [[16]], packed=[packed])
-        self.slots.lengths[row] = 0
-        self.forwards, self.tokens = forwards, fed
+        try:
+            with torch.inference_mode():
+                for fed_ids, at in ((ids, range(8)), (ids, range(8, 16)), (ids[:1], [16])):
+                    self.run_rows([row], [fed_ids], [at], 1, [packed], packed_linears)
+        finally:
+            self.slots.lengths[row] = 0
+            self.forwards, self.tokens = forwards, fed
 
     def compile_step(self, row: int, measured: bool) -> None:
         """Compile the one-row step (``CompiledStep.prepare``) on row 0, checked and timed
@@ -144,10 +167,18 @@ class Runner:
         self.slots.lengths[0] = 0
         self.forwards, self.tokens = forwards, fed
 
-    def measure(self, packed_linears: bool) -> None:
-        """Measure the ways the decoder's linear layers take (``linears.measure``), packing
-        them where the fastest way is packed and ``packed_linears`` allows it."""
+    def measure(self, packed_linears: bool, measurements: Measurements = FORGETFUL) -> None:
+        """The ways the decoder's linear layers take (``linears.measure``, or what
+        ``measurements`` kept for the same shapes), packing them where the fastest way is
+        packed and ``packed_linears`` allows it."""
+        key = linears.measured_key(self.model, packed_linears)
+        kept = None if key is None else _ways(measurements.recall("linears", key))
+        if kept is not None:
+            self.ways = linears.adopt(self.model, kept)
+            return
         self.ways = linears.measure(self.model, packed_linears)
+        if key is not None:
+            measurements.keep("linears", key, list(self.ways))
 
     def _packs(self, wishes: Sequence[bool | None]) -> bool:
         """Whether a forward applies the packed head: no row's engine against it, and the
@@ -199,3 +230,15 @@ class Runner:
             return mask.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)[:, None]
 
         return self.support.attention_masks(build)
+
+
+def _ways(kept: Any) -> linears.Ways | None:
+    """``linears.Ways`` from its JSON form (row counts as strings); None for another form."""
+    try:
+        fastest, unpacked = ({int(n): str(w) for n, w in ways.items()} for ways in kept)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    known = {linears.TRANSPOSED, linears.PACKED}
+    if not set(fastest.values()) | set(unpacked.values()) <= known:
+        return None
+    return linears.Ways(fastest, unpacked)

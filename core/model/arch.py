@@ -20,6 +20,7 @@ import torch
 from kvboost_rag.core.errors import UnsupportedModelError
 from kvboost_rag.core.model import hf_compat
 from kvboost_rag.core.model.kv import layer_kv, to_cache
+from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
 from kvboost_rag.core.model.rope import Rotary, rerotate, rotary_embedding, rotations
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -33,6 +34,9 @@ LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
 # SmolLM2-135M and Gemma 3 270M: fp32 ~3e-7, fp16 ~6e-4, bf16 ~3e-3; one rotation for all of
 # Gemma 3's layers (a wrong base for its local layers) gives 0.94.
 PROBE_TOKENS, PROBE_SHIFT = 8, 61
+# The probe's verdict is kept (``measurements.py``) for models of at least this many
+# parameters: smaller ones probe in milliseconds, and tests make thousands of them.
+KEPT_PARAMETERS = 1 << 24
 PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
 HALF_PROBE_TOLERANCE = 0.03
 
@@ -70,19 +74,20 @@ _GUARD = threading.Lock()
 _KNOWN: weakref.WeakKeyDictionary[Any, ModelSupport] = weakref.WeakKeyDictionary()
 
 
-def model_support(model: Any) -> ModelSupport:
-    """The structure of ``model``, inspected (and its rotation probed) once per model object.
+def model_support(model: Any, measurements: Measurements = FORGETFUL) -> ModelSupport:
+    """The structure of ``model``, inspected (and its rotation probed, or the probe's
+    verdict recalled from ``measurements``) once per model object.
 
     Raises ``UnsupportedModelError`` for models whose cache is not attention KV.
     """
     with _GUARD:
         support = _KNOWN.get(model)
         if support is None:
-            support = _KNOWN[model] = inspect_model(model)
+            support = _KNOWN[model] = inspect_model(model, measurements)
         return support
 
 
-def inspect_model(model: Any) -> ModelSupport:
+def inspect_model(model: Any, measurements: Measurements = FORGETFUL) -> ModelSupport:
     name = type(model).__name__
     config = model.config.get_text_config(decoder=True)
     layer_types, kwargs = hf_compat.layer_types(config)
@@ -103,7 +108,7 @@ def inspect_model(model: Any) -> ModelSupport:
         passage_reuse=False,
         reason=None,
     )
-    reason = _refusal(name, support, windows) or _probe(model, support)
+    reason = _refusal(name, support, windows) or _probe(model, support, measurements)
     return replace(support, passage_reuse=reason is None, reason=reason)
 
 
@@ -141,59 +146,67 @@ def _refusal(name: str, support: ModelSupport, windows: set[int]) -> str | None:
     return None
 
 
-def _probe(model: Any, support: ModelSupport) -> str | None:
-    tolerance = PROBE_TOLERANCE.get(model.dtype, HALF_PROBE_TOLERANCE)
+def _probe(model: Any, support: ModelSupport, measurements: Measurements) -> str | None:
+    """Why re-rotated keys are wrong for this model, or None; recalled from
+    ``measurements`` where this machine probed the same model (by its fingerprint)."""
+    key = {"model": measurements.model, "tolerance": _tolerance(model)}
+    kept = measurements.recall("rotation", key) if measurements.model else None
+    if isinstance(kept, dict) and isinstance(kept.get("reason"), (str, type(None))):
+        return kept["reason"]  # type: ignore[no-any-return]
+    reason = None
     for layer, error in enumerate(rotation_errors(model, support)):
-        if error > tolerance:
-            return (
+        if error > _tolerance(model):
+            reason = (
                 f"{type(model).__name__}: keys of layer {layer} re-rotated to a new "
                 f"position differ from a fresh encode there (relative error {error:.2g})"
             )
-    return None
+            break
+    if measurements.model and sum(p.numel() for p in model.parameters()) >= KEPT_PARAMETERS:
+        measurements.keep("rotation", key, {"reason": reason})
+    return reason
+
+
+def _tolerance(model: Any) -> float:
+    return PROBE_TOLERANCE.get(model.dtype, HALF_PROBE_TOLERANCE)
 
 
 def rotation_errors(model: Any, support: ModelSupport) -> list[float]:
     """Per layer, how far keys encoded at position 0 and re-rotated by ``PROBE_SHIFT`` are
     from the same tokens encoded there (relative norm). This catches RoPE layouts the
-    structure does not show (interleaved pairs, ...). Each attention layer of the shifted
-    pass is fed the input it had in the first pass, so keys differ by the rotation alone:
-    bf16 drift through depth (0.5 by layer 12 of SmolLM2) is not taken for a wrong one."""
+    structure does not show (interleaved pairs, ...). One forward of two rows: the tokens
+    at positions 0.. and at ``PROBE_SHIFT``..; each attention layer gets the first row's
+    input in both rows, so their keys differ by the rotation alone: bf16 drift through
+    depth (0.5 by layer 12 of SmolLM2) is not taken for a wrong one."""
     device = model.device
     ids = torch.arange(3, 3 + PROBE_TOKENS, device=device)[None] % model.config.vocab_size
-    inputs: dict[int, torch.Tensor] = {}
+    positions = torch.arange(PROBE_TOKENS, device=device)[None] + torch.tensor(
+        [[0], [PROBE_SHIFT]], device=device
+    )
     hooks = [
-        attn.register_forward_pre_hook(_same_input(inputs, i), with_kwargs=True)
-        for i, attn in enumerate(support.attention)
+        attn.register_forward_pre_hook(_first_row_input, with_kwargs=True)
+        for attn in support.attention
     ]
-    keys = []
     try:
         with torch.inference_mode():
-            for start in (0, PROBE_SHIFT):
-                cache = to_cache([], model.config)
-                positions = torch.arange(start, start + PROBE_TOKENS, device=device)[None]
-                model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
-                keys.append([k.float() for k, _ in layer_kv(cache)])
+            cache = to_cache([], model.config)
+            rows = ids.expand(2, -1)
+            model(input_ids=rows, position_ids=positions, cache=cache, logits_to_keep=1)
+            keys = [k.float() for k, _ in layer_kv(cache)]
     finally:
         for hook in hooks:
             hook.remove()
-    rots = rotations(PROBE_SHIFT, support.rotaries, keys[0][0])
+    rots = rotations(PROBE_SHIFT, support.rotaries, keys[0][:1])
     return [
-        float((rerotate(moved, rot) - fresh).norm() / fresh.norm().clamp_min(1e-12))
-        for moved, fresh, rot in zip(keys[0], keys[1], rots)
+        float((rerotate(k[:1], rot) - k[1:]).norm() / k[1:].norm().clamp_min(1e-12))
+        for k, rot in zip(keys, rots)
     ]
 
 
-def _same_input(inputs: dict[int, torch.Tensor], index: int) -> Callable[..., Any]:
-    """A pre-hook that records the attention input of the first pass and replays it after."""
-
-    def hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        positional = "hidden_states" not in kwargs
-        hidden = args[0] if positional else kwargs["hidden_states"]
-        if index not in inputs:
-            inputs[index] = hidden
-            return None
-        if positional:
-            return (inputs[index], *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": inputs[index]}
-
-    return hook
+def _first_row_input(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A pre-hook giving an attention layer its first row's input in every row."""
+    positional = "hidden_states" not in kwargs
+    hidden = args[0] if positional else kwargs["hidden_states"]
+    same = hidden[:1].expand_as(hidden).clone()
+    if positional:
+        return (same, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": same}

@@ -18,6 +18,7 @@ import torch
 
 from kvboost_rag.core.model.arch import ModelSupport, model_support
 from kvboost_rag.core.model.attention import install
+from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
 
 if TYPE_CHECKING:
     from kvboost_rag.core.generation.executor import Executor
@@ -39,12 +40,13 @@ class ModelHandle:
         return int(self.model.config.max_position_embeddings)
 
     @classmethod
-    def of(cls, model: Any) -> ModelHandle:
-        """The handle of ``model``, made on first use (thread-safe)."""
+    def of(cls, model: Any, measurements: Measurements = FORGETFUL) -> ModelHandle:
+        """The handle of ``model``, made on first use (thread-safe); its structure's probe
+        is recalled from ``measurements`` where this machine made it before."""
         with _GUARD:
             handle = _HANDLES.get(id(model))
             if handle is None or handle.model is not model:
-                handle = _make(model)
+                handle = _make(model, measurements)
                 _HANDLES[id(model)] = handle
             return handle
 
@@ -54,10 +56,10 @@ def eos_ids(model: Any) -> frozenset[int]:
     return frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
-def _make(model: Any) -> ModelHandle:
+def _make(model: Any, measurements: Measurements) -> ModelHandle:
     from kvboost_rag.core.generation.executor import Executor
 
-    support = model_support(model)
+    support = model_support(model, measurements)
     install(model)
     return ModelHandle(model, support, eos_ids(model), Executor(model, support))
 

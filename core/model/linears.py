@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -231,8 +232,16 @@ def measure(model: Any, packed: bool = True) -> Ways:
         one_layer = _one_of_each_shape(layers)
         _ranked(streamed, 1, ways)  # first-use costs
         ranked = {n: _ranked(streamed if n <= STREAMED else one_layer, n, ways) for n in CANDIDATES}
-        chosen = Ways(_taken(ranked, ways), _taken(ranked, [w for w in ways if w != PACKED]))
-        packs = PACKED in chosen.fastest.values()
+    unpacked = [way for way in ways if way != PACKED]
+    return adopt(model, Ways(_taken(ranked, ways), _taken(ranked, unpacked)))
+
+
+def adopt(model: Any, ways: Ways) -> Ways:
+    """Take ``ways`` for ``model`` (measured here, or before for the same shapes): packs
+    every layer when a count's fastest way is packed, else keeps no packed copy."""
+    layers = install(model)
+    packs = PACKED in ways.fastest.values()
+    with torch.inference_mode():
         for layer in layers:  # a group's members take its product, never their own copy
             if packs and layer.fused is None:
                 layer.packed_weight()
@@ -243,7 +252,23 @@ def measure(model: Any, packed: bool = True) -> Ways:
                 group.packed_weight()
             else:
                 group.drop()
-    return chosen
+    return ways
+
+
+def measured_key(model: Any, packed: bool) -> dict[str, Any] | None:
+    """What ``measure``'s answer depends on besides the machine: the decoder's weight shapes
+    and dtype, the candidates; None where it times nothing (too small, no linear layers)."""
+    layers = install(model)
+    shapes = Counter((la.out_features, la.in_features, la.bias is not None) for la in layers)
+    total = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
+    if total < MEASURED_BYTES or model.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    return {
+        "dtype": str(model.dtype),
+        "linears": sorted(shapes.items()),
+        "fused": sum(layer.fused is not None for layer in layers),
+        "measure": [CANDIDATES, STREAMED, STREAMED_BYTES, REPEATS, packed, PACKED_BYTES],
+    }
 
 
 def _taken(ranked: dict[int, list[str]], allowed: Sequence[str]) -> dict[int, str]:

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kvboost_rag.core.model.measurements import Measurements
+
 PACK_ROWS = 8  # the row count oneDNN is told to expect when reordering
 # Heads smaller than this (elements) are not timed and keep F.linear: either way costs
 # microseconds, so the timing would decide by noise, and two engines on equal tiny models
@@ -142,6 +144,22 @@ class PackedHead:
                 self._packed = None
             self.seconds += time.perf_counter() - start
         return self._correct and (self._faster or not measured)
+
+    def prepare(self, measurements: Measurements) -> None:
+        """Check the split now (``usable``), or take what this machine found for the same
+        model before (``measurements``, by the model's fingerprint); a check that timed
+        the head is kept there."""
+        head = _head(self.model)
+        if self._correct is not None or head is None:
+            return
+        key = {"model": measurements.model, "dtype": str(self.model.dtype)}
+        kept = measurements.recall("head", key) if measurements.model else None
+        if isinstance(kept, list) and len(kept) == 2 and all(isinstance(k, bool) for k in kept):
+            self._correct, self._faster = kept
+            return
+        self.usable()
+        if head.weight.numel() >= MEASURED_ELEMENTS and measurements.model:
+            measurements.keep("head", key, [self._correct, self._faster])
 
     def logits(self, keep: int, **inputs: Any) -> torch.Tensor:
         """The model's logits after the last ``keep`` tokens of each row: its decoder on
