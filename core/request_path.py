@@ -123,7 +123,7 @@ class RequestPath:
         structure: Structure,
         cancel: threading.Event,
     ) -> Sampler:
-        grammar = structure.grammar()
+        grammar = structure.grammar(self.constrainer.special)
         extra = LogitsProcessorList(
             [self.constrainer.processor(grammar)] if grammar is not None else []
         )

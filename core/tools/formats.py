@@ -11,40 +11,30 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kvboost_rag.core.tools.calls import (
+    InvalidToolCall,
+    Parsed,
+    ToolCall,
+    read_calls,
+    unfenced,
+)
+
 Tool = Mapping[str, Any]
+# The id of the tokenizer's special token spelled ``text``, or None where it has none.
+SpecialToken = Callable[[str], int | None]
+
+
+def no_special(text: str) -> None:
+    """A tokenizer with no special token for any tag: tags are matched as text."""
+    return None
+
 
 # JSON exactly as ``json.dumps`` writes it, so a constrained call re-renders token for token
 # (the next agent step's prompt then extends this one's cache).
 CANONICAL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-
-@dataclass(frozen=True)
-class InvalidToolCall:
-    """Output that looked like a call but could not be read as one."""
-
-    name: str | None
-    arguments: str | None  # the raw argument text, when there was one
-    error: str
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-
-@dataclass(frozen=True)
-class Parsed:
-    content: str  # the text outside tool calls
-    calls: list[ToolCall]
-    invalid: list[InvalidToolCall]
 
 
 def tool_name(tool: Tool) -> str:
@@ -102,26 +92,44 @@ class ToolFormat:
         for match in pattern.finditer(text):
             content.append(text[last : match.start()])
             last = match.end()
-            _read_calls(match.group(1).strip(), names, calls, invalid)
+            read_calls(match.group(1).strip(), names, calls, invalid)
         content.append(text[last:])
         return Parsed("".join(content).strip(), calls, invalid)
 
-    def grammar(self, tools: Sequence[Tool], required: bool, parallel: bool = False) -> str:
+    def grammar(
+        self,
+        tools: Sequence[Tool],
+        required: bool,
+        parallel: bool = False,
+        special: SpecialToken = no_special,
+    ) -> str:
         """Calls of ``tools`` only. ``required``: calls and nothing else; else free text
-        that may turn into a call where the model writes the trigger (a lazy lexeme: the
-        text path ends there). Without ``parallel`` the answer ends after one call."""
+        that may turn into a call where the model writes the opening tag. Without
+        ``parallel`` the answer ends after one call. ``special`` finds the tags among the
+        tokenizer's special tokens: Qwen writes ``<tool_call>`` as token 151657, which no
+        text literal matches, so where the tag is a token the grammar takes that token."""
         call = json.dumps(call_schema(tools, self.arguments_key))
-        body = f'"\\n" %json {call} "\\n</tool_call>"'
+        opening, closing = (_tag(text, special) for text in ("<tool_call>", "</tool_call>"))
+        body = f'"\\n" %json {call} "\\n" {closing}'
         if required:
             calls = 'call ("\\n" call)*' if parallel else "call"
-            return f'%llguidance {{}}\nstart: {calls}\ncall: "<tool_call>" {body}\n'
+            return f"%llguidance {{}}\nstart: {calls}\ncall: {opening} {body}\n"
+        if opening.startswith("<["):  # a special token ends the free text by itself
+            trigger, lazy = f"TEXT? {opening}", ""
+        else:  # a lazy lexeme: the text path ends where the model writes the tag
+            trigger, lazy = "trig", f"trig[lazy]: TEXT {opening}\n"
         return (
             "%llguidance {}\n"
             f"start: {'(call)* TEXT' if parallel else 'call | TEXT'}\n"
-            "TEXT: /(.|\\n)*/\n"
-            'trig[lazy]: TEXT "<tool_call>"\n'
-            f"call: trig {body}\n"
+            f"TEXT: /(.|\\n)*/\n{lazy}"
+            f"call: {trigger} {body}\n"
         )
+
+
+def _tag(text: str, special: SpecialToken) -> str:
+    """A tag as a grammar item: its special token where the tokenizer has one, else text."""
+    token = special(text)
+    return json.dumps(text) if token is None else f"<[{token}]>"
 
 
 class JsonFormat(ToolFormat):
@@ -138,17 +146,23 @@ class JsonFormat(ToolFormat):
         return "" if not stripped or stripped[0] in "{[<" else text
 
     def parse(self, text: str, names: Sequence[str]) -> Parsed:
-        body = _unfenced(text.strip()).removeprefix("<|python_tag|>").strip()
+        body = unfenced(text.strip()).removeprefix("<|python_tag|>").strip()
         if not body.startswith(("{", "[")):
             return Parsed(text, [], [])
         calls: list[ToolCall] = []
         invalid: list[InvalidToolCall] = []
-        _read_calls(body, names, calls, invalid)
+        read_calls(body, names, calls, invalid)
         return Parsed("", calls, invalid)
 
-    def grammar(self, tools: Sequence[Tool], required: bool, parallel: bool = False) -> str:
+    def grammar(
+        self,
+        tools: Sequence[Tool],
+        required: bool,
+        parallel: bool = False,
+        special: SpecialToken = no_special,
+    ) -> str:
         """One call (a JSON list of them when ``parallel``), or free text not opening
-        with "{" unless ``required``."""
+        with "{" unless ``required``. No tags, so no special tokens."""
         one = call_schema(tools, self.arguments_key)
         call = json.dumps(
             {"type": "array", "items": one, "minItems": 1, "x-guidance": one["x-guidance"]}
@@ -233,46 +247,3 @@ def strict_schema(schema: Any) -> Any:
         strict["properties"] = {k: strict_schema(v) for k, v in schema["properties"].items()}
         strict.setdefault("additionalProperties", False)
     return strict
-
-
-def _read_calls(
-    body: str, names: Sequence[str], calls: list[ToolCall], invalid: list[InvalidToolCall]
-) -> None:
-    """The call(s) in one JSON body, appended to ``calls``, or what went wrong to ``invalid``."""
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError as error:
-        name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
-        invalid.append(
-            InvalidToolCall(name and name.group(1), body, f"tool call is not valid JSON: {error}")
-        )
-        return
-    for item in value if isinstance(value, list) else [value]:
-        _read_call(item, names, calls, invalid)
-
-
-def _read_call(
-    item: Any, names: Sequence[str], calls: list[ToolCall], invalid: list[InvalidToolCall]
-) -> None:
-    raw = json.dumps(item)
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        invalid.append(InvalidToolCall(None, raw, "tool call has no string 'name'"))
-        return
-    name = item["name"]
-    args = item.get("arguments", item.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            pass
-    if not isinstance(args, dict):
-        invalid.append(InvalidToolCall(name, raw, "tool call arguments are not a JSON object"))
-    elif names and name not in names:
-        invalid.append(InvalidToolCall(name, json.dumps(args), f"no tool named {name!r}"))
-    else:
-        calls.append(ToolCall(name, args))
-
-
-def _unfenced(text: str) -> str:
-    match = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
-    return match.group(1) if match else text

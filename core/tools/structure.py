@@ -24,6 +24,7 @@ from kvboost_rag.core.tools.formats import (
     FORMATS,
     InvalidToolCall,
     Parsed,
+    SpecialToken,
     Tool,
     ToolFormat,
     strict_schema,
@@ -77,8 +78,9 @@ class Structure:
     def calls_parsed(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
-    def grammar(self) -> str | None:
-        """The llguidance grammar decoding follows; None when unconstrained."""
+    def grammar(self, special: SpecialToken) -> str | None:
+        """The llguidance grammar decoding follows; None when unconstrained. ``special``:
+        the tokenizer's special token spelling a format's tag (``Constrainer.special``)."""
         if not self.constrain:
             return None
         if self.response_format is not None:
@@ -89,9 +91,9 @@ class Structure:
         if not self.calls_parsed:
             return None
         if self.tool_choice == "auto":
-            return self.fmt.grammar(self.tools, False, self.parallel)
+            return self.fmt.grammar(self.tools, False, self.parallel, special)
         chosen = [t for t in self.tools if tool_name(t) == self.tool_choice] or self.tools
-        return self.fmt.grammar(chosen, True, self.parallel)
+        return self.fmt.grammar(chosen, True, self.parallel, special)
 
     def parse(self, text: str) -> Parsed:
         """The answer's content and calls. Under a forced call (``tool_choice`` "required"
@@ -182,6 +184,7 @@ class Constrainer:
         self._hf = tokenizer
         self._eos = list(eos)
         self._tokenizer: Any = None
+        self._special: dict[str, int] | None = None  # added tokens llguidance keeps apart
         self._lock = threading.Lock()
 
     def processor(self, grammar: str) -> GrammarProcessor:
@@ -194,10 +197,20 @@ class Constrainer:
             raise ValueError(f"cannot constrain decoding to this format: {matcher.get_error()}")
         return GrammarProcessor(matcher, tokenizer.vocab_size)
 
+    def special(self, text: str) -> int | None:
+        """The id of the special token spelling ``text`` in llguidance's view of the
+        tokenizer (which no text literal in a grammar matches), or None."""
+        self._llg_tokenizer()
+        assert self._special is not None  # built with the view
+        return self._special.get(text)
+
     def _llg_tokenizer(self) -> Any:
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = _shared_tokenizer(self._hf, tuple(self._eos))
+                view = _shared_tokenizer(self._hf, tuple(self._eos))
+                added = self._hf.get_added_vocab().items()
+                self._special = {t: int(i) for t, i in added if view.is_special_token(i)}
+                self._tokenizer = view
             return self._tokenizer
 
 

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from kvboost_rag.core.tools.formats import FORMATS, ToolCall, format_for, strict_schema
+from kvboost_rag.core.tools.formats import (
+    FORMATS,
+    ToolCall,
+    format_for,
+    no_special,
+    strict_schema,
+)
 from kvboost_rag.core.tools.structure import Structure, json_schema
 from kvboost_rag.core.tools.template import as_call, instructions, render_chat
 
@@ -227,12 +233,12 @@ def test_structure_rejects_bad_requests(kwargs: dict, error: str) -> None:
 
 
 def test_structure_grammar_follows_the_choice() -> None:
-    assert Structure().grammar() is None
-    assert Structure((ADD,), constrain=False).grammar() is None
-    assert Structure((ADD,), "none").grammar() is None
-    auto = Structure((ADD, SEARCH)).grammar()
+    assert Structure().grammar(no_special) is None
+    assert Structure((ADD,), constrain=False).grammar(no_special) is None
+    assert Structure((ADD,), "none").grammar(no_special) is None
+    auto = Structure((ADD, SEARCH)).grammar(no_special)
     assert auto is not None and "[lazy]" in auto and '"search"' in auto
-    named = Structure((ADD, SEARCH), "search").grammar()
+    named = Structure((ADD, SEARCH), "search").grammar(no_special)
     assert named is not None and "[lazy]" not in named and '"add"' not in named
     assert Structure((ADD,), "none").parse("<tool_call>{}</tool_call>").calls == []
 

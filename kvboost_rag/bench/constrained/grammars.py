@@ -87,7 +87,7 @@ class Llguidance(Library):
         self._constrainer.processor('%llguidance {}\nstart: "x"\n')
 
     def compile(self, target: Target) -> Factory:
-        grammar = target.structure.grammar()
+        grammar = target.structure.grammar(self._constrainer.special)
         assert grammar is not None, "a constrained structure has a grammar"
         return lambda: self._constrainer.processor(grammar)
 

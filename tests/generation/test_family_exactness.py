@@ -1,0 +1,75 @@
+"""``exact`` answers equal ``model.generate`` token for token on the families users run
+(SmolLM2, Qwen2.5, Gemma 3: real tokenizers and chat templates, tiny random fp32 weights),
+on chat prompts and plain prompts, first from nothing and then from the prefix cache.
+Prompts run past Gemma's 32-token test window. No passage markers: marked passages are
+tokenized on their own edges (a later issue)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from families import family  # noqa: F401 - the fixture
+
+from kvboost_rag import KVBoost
+
+SYSTEM = "You are a careful assistant. Answer in one short sentence, and say so if unsure."
+QUESTION = (
+    "The Nile flows north through Egypt into the Mediterranean Sea, and Cairo sits on its "
+    "banks near the delta. Which sea does the Nile reach?"
+)
+PLAIN = "Paris is the capital of France and sits on the Seine. The river flows"
+
+
+def generated(engine: KVBoost, ids: list[int], n: int) -> list[int]:
+    """Greedy ``model.generate`` on ``ids``, stopping at the model's stop tokens."""
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = engine.model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, do_sample=False
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def assert_generate(engine: KVBoost, result, ids: list[int], n: int) -> None:  # type: ignore[no-untyped-def]
+    assert result.prompt_tokens == len(ids)
+    assert result.token_ids == generated(engine, ids, n)
+
+
+@pytest.mark.parametrize("system", [False, True], ids=["user", "system+user"])
+def test_chat_answers_equal_generate(family: KVBoost, system: bool) -> None:  # noqa: F811
+    messages = [{"role": "system", "content": SYSTEM}] if system else []
+    messages.append({"role": "user", "content": QUESTION})
+    ids = family.tokenize_chat(messages)
+    expected = family.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert ids == list(expected)  # the prompt the model sees is the template's
+    first = family.chat(messages, max_new_tokens=12)
+    assert first.reused_tokens == 0
+    assert_generate(family, first, ids, 12)
+    again = family.chat(messages, max_new_tokens=12)
+    assert again.reused_tokens > 0 and again.token_ids == first.token_ids
+
+
+def test_the_next_turn_reads_the_last_from_the_cache_and_still_equals_generate(
+    family: KVBoost,  # noqa: F811
+) -> None:
+    messages = [{"role": "user", "content": QUESTION}]
+    first = family.chat(messages, max_new_tokens=8)
+    messages += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "And which way does it flow?"},
+    ]
+    second = family.chat(messages, max_new_tokens=8)
+    assert second.reused_tokens >= first.prompt_tokens - 1
+    assert_generate(family, second, family.tokenize_chat(messages), 8)
+
+
+def test_plain_prompts_equal_generate(family: KVBoost) -> None:  # noqa: F811
+    ids = family.tokenize(PLAIN * 2)
+    assert ids == family.tokenizer(PLAIN * 2)["input_ids"]
+    first = family.generate(PLAIN * 2, max_new_tokens=12)
+    assert_generate(family, first, ids, 12)
+    family.warm(PLAIN)
+    warmed = family.generate(PLAIN * 2, max_new_tokens=12)
+    assert warmed.reused_tokens > 0 and warmed.token_ids == first.token_ids
