@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
+from kvboost_rag.core.tools.bare import bare_calls, bare_start
 from kvboost_rag.core.tools.formats import (
     CANONICAL_JSON,
     FORMATS,
@@ -96,13 +97,16 @@ class Structure:
         return self.fmt.grammar(chosen, True, self.parallel, special)
 
     def parse(self, text: str) -> Parsed:
-        """The answer's content and calls. Under a forced call (``tool_choice`` "required"
-        or a tool's name) an answer holding no call is an invalid call, not content: it
-        was cut before the call's opening tag was whole (at max_tokens), or an
-        unconstrained model wrote text instead."""
+        """The answer's content and calls: in the format's tags, else written as bare or
+        fenced JSON (``bare``). Under a forced call (``tool_choice`` "required" or a tool's
+        name) an answer holding no call is an invalid call, not content: it was cut before
+        the call's opening tag was whole (at max_tokens), or an unconstrained model wrote
+        text instead."""
         if not self.calls_parsed:
             return Parsed(text, [], [])
         parsed = self.fmt.parse(text, self.names)
+        if not parsed.calls and not parsed.invalid:
+            parsed = bare_calls(text, self.names) or parsed
         if self.tool_choice == "auto" or parsed.calls or parsed.invalid:
             return parsed
         name = self.tool_choice if self.tool_choice in self.names else None
@@ -110,8 +114,12 @@ class Structure:
         return Parsed("", [], [InvalidToolCall(name, text, f"{why}: {text!r}")])
 
     def visible(self, text: str) -> str:
-        """What of a growing answer may be streamed as content."""
-        return self.fmt.visible(text) if self.calls_parsed else text
+        """What of a growing answer may be streamed as content: up to a call being
+        written, in the format's tags or as bare or fenced JSON."""
+        if not self.calls_parsed:
+            return text
+        shown = self.fmt.visible(text)
+        return shown[: bare_start(shown, self.names)]
 
 
 def json_schema(response_format: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""Calls written without the format's tags: a JSON object (or a list of them) as the whole
+answer, or in a ```` ```json ```` fence, as small models write them. Measured on
+Qwen2.5-Coder-0.5B-Instruct with three tools and ``tool_choice="auto"``: four answers of
+four were bare or fenced JSON, none used the template's ``<tool_call>`` tags.
+
+JSON is a call only when it has a call's shape: a string ``name`` and no keys but
+``name``, ``arguments`` and ``parameters``, naming an offered tool or holding arguments (a
+misspelt tool then comes back as an invalid call, not as text). Any other JSON answer,
+``{"name": "Lima"}`` included, stays content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from kvboost_rag.core.tools.calls import InvalidToolCall, Parsed, ToolCall, read_calls
+
+CALL_KEYS = frozenset({"name", "arguments", "parameters"})
+ARGUMENT_KEYS = ("arguments", "parameters")
+# A fenced block, "json" or no language, to its closing fence or the end of the answer.
+FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+# What an unclosed fence holds while it may still be a JSON block: a prefix of "json",
+# then a newline and nothing or JSON.
+OPENING = re.compile(r"[ \t]*(?:j(?:s(?:on?)?)?)?[ \t]*(?:\n\s*(?:[{\[].*)?)?", re.S)
+_DECODER = json.JSONDecoder()
+
+
+def bare_calls(text: str, names: Sequence[str]) -> Parsed | None:
+    """The calls ``text`` writes as bare or fenced JSON, with the text around them as
+    content; None when it holds none."""
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        end = _call_end(stripped, names)
+        if end is not None:
+            read_calls(stripped[:end], names, calls, invalid)
+            return Parsed(stripped[end:].strip(), calls, invalid)
+    content: list[str] = []
+    last = 0
+    for match in FENCE.finditer(text):
+        body = match.group(1).strip()
+        if _call_end(body, names) == len(body):
+            content.append(text[last : match.start()])
+            last = match.end()
+            read_calls(body, names, calls, invalid)
+    if not calls and not invalid:
+        return None
+    content.append(text[last:])
+    return Parsed("".join(content).strip(), calls, invalid)
+
+
+def bare_start(text: str, names: Sequence[str]) -> int:
+    """Where in a growing answer a bare or fenced call may be being written (``len(text)``
+    where none may): what streams as content stops there."""
+    stripped = text.lstrip()
+    lead = len(text) - len(stripped)
+    if stripped.startswith(("{", "[")):
+        try:
+            value, end = _DECODER.raw_decode(stripped)
+        except json.JSONDecodeError:
+            return lead  # not whole yet
+        if _is_call(value, names):
+            return lead
+    return _fence_start(text, names)
+
+
+def _fence_start(text: str, names: Sequence[str]) -> int:
+    at = 0
+    while (start := text.find("```", at)) >= 0:
+        close = text.find("```", start + 3)
+        if close < 0:  # still open: held while it may be a JSON block
+            return start if OPENING.fullmatch(text[start + 3 :]) else len(text)
+        block = FENCE.fullmatch(text[start : close + 3])
+        if block and _call_end(block.group(1).strip(), names) is not None:
+            return start
+        at = close + 3
+    return len(text.rstrip("`"))  # a "`" or "``" at the end may open a fence
+
+
+def _call_end(body: str, names: Sequence[str]) -> int | None:
+    """Where the call JSON opening ``body`` ends; None when ``body`` does not open with a
+    call. JSON that does not parse counts as a call when it names an offered tool or holds
+    arguments (it is then reported, not dropped), to the end of ``body``."""
+    try:
+        value, end = _DECODER.raw_decode(body)
+    except json.JSONDecodeError:
+        name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
+        holds = re.search(r'"(?:arguments|parameters)"\s*:', body)
+        return len(body) if name and (name.group(1) in names or holds) else None
+    return end if _is_call(value, names) else None
+
+
+def _is_call(value: Any, names: Sequence[str]) -> bool:
+    items = value if isinstance(value, list) and value else [value]
+    return all(
+        isinstance(item, dict)
+        and isinstance(item.get("name"), str)
+        and set(item) <= CALL_KEYS
+        and (item["name"] in names or any(key in item for key in ARGUMENT_KEYS))
+        for item in items
+    )

@@ -1,0 +1,179 @@
+"""Calls written as bare or fenced JSON (what small Qwen models answer ``tool_choice="auto"``
+with): read as calls or reported as invalid ones, never lost, and ordinary JSON answers
+left as content; streaming holds such a call back while it is written."""
+
+from __future__ import annotations
+
+import pytest
+from families import family_real
+
+from kvboost_rag.core.generation.streaming import DeltaQueue, TextDeltas
+from kvboost_rag.core.tools.bare import bare_calls, bare_start
+from kvboost_rag.core.tools.formats import FORMATS
+from kvboost_rag.core.tools.structure import Structure
+
+
+def tool(name: str, **properties: str) -> dict:
+    props = {key: {"type": kind} for key, kind in properties.items()}
+    schema = {"type": "object", "properties": props, "required": list(props)}
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
+TOOLS = (tool("multiply", a="number", b="number"), tool("get_weather", city="string"))
+NAMES = ["multiply", "get_weather"]
+# Answers Qwen2.5-Coder-0.5B-Instruct wrote to tool_choice="auto" (bf16, greedy).
+QWEN_BARE = '{"name": "multiply", "arguments": {"a": 12, "b": 7}}'
+QWEN_FENCED = (
+    '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "call", "content"),
+    [
+        (QWEN_BARE, ("multiply", {"a": 12, "b": 7}), ""),
+        (QWEN_FENCED, ("get_weather", {"city": "Paris"}), ""),
+        (
+            '```\n{"name": "get_weather", "parameters": {"city": "Oslo"}}\n```',
+            ("get_weather", {"city": "Oslo"}),
+            "",
+        ),
+        (
+            'Let me look.\n```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+            "\n```\nOK?",
+            ("get_weather", {"city": "Rome"}),
+            "Let me look.\n\nOK?",
+        ),
+        ('{"name": "multiply"}', ("multiply", {}), ""),
+    ],
+)
+def test_bare_and_fenced_calls_are_read(text: str, call: tuple, content: str) -> None:
+    for fmt in FORMATS.values():
+        parsed = Structure(TOOLS, fmt=fmt).parse(text)
+        assert [(c.name, c.arguments) for c in parsed.calls] == [call], fmt.name
+        assert (parsed.content, parsed.invalid) == (content, [])
+
+
+def test_text_after_a_bare_call_is_content() -> None:
+    parsed = Structure(TOOLS).parse(QWEN_BARE + "\nThis multiplies them.")
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("multiply", {"a": 12, "b": 7})]
+    assert parsed.content == "This multiplies them."
+
+
+def test_a_list_of_bare_calls_is_several_calls() -> None:
+    text = (
+        '[{"name": "multiply", "arguments": {"a": 1, "b": 2}}, '
+        '{"name": "get_weather", "arguments": {"city": "X"}}]'
+    )
+    parsed = Structure(TOOLS).parse(text)
+    assert [c.name for c in parsed.calls] == ["multiply", "get_weather"]
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "error"),
+    [
+        # Qwen's answer to "Tell me a joke about cats." with three tools offered.
+        ('{"name": "cat joke", "arguments": {"cat": "Meow"}}', "cat joke", "no tool named"),
+        ('{"name": "multiply", "arguments": {"a": 12, "b"', "multiply", "not valid JSON"),
+        ('```json\n{"name": "get_weather", "arguments": {"ci', "get_weather", "not valid JSON"),
+        ('{"name": "multiply", "arguments": [12, 7]}', "multiply", "not a JSON object"),
+    ],
+)
+def test_a_call_that_cannot_be_read_is_reported(text: str, name: str, error: str) -> None:
+    parsed = Structure(TOOLS).parse(text)
+    assert parsed.calls == [] and parsed.content == ""
+    (invalid,) = parsed.invalid
+    assert invalid.name == name and error in invalid.error
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "Lima", "country": "Peru"}',
+        '{"name": "Lima"}',
+        '{"capital": "Lima"}',
+        "[1, 2, 3]",
+        '```json\n{"a": 1}\n```',
+        '```python\nprint({"name": "multiply", "arguments": {}})\n```',
+        'I would call {"name": "multiply"} here.',
+        "Plain text.",
+    ],
+)
+def test_ordinary_json_and_text_stay_content(text: str) -> None:
+    assert bare_calls(text, NAMES) is None
+    parsed = Structure(TOOLS).parse(text)
+    assert (parsed.content, parsed.calls, parsed.invalid) == (text, [], [])
+
+
+def test_without_tools_json_is_never_a_call() -> None:
+    parsed = Structure().parse(QWEN_BARE)
+    assert (parsed.content, parsed.calls) == (QWEN_BARE, [])
+    assert Structure(TOOLS, "none").parse(QWEN_BARE).calls == []
+
+
+def test_a_forced_choice_takes_a_bare_call() -> None:
+    parsed = Structure(TOOLS, "required", constrain=False).parse(QWEN_FENCED)
+    assert [c.name for c in parsed.calls] == ["get_weather"] and parsed.invalid == []
+
+
+def streamed(text: str, structure: Structure) -> list[str]:
+    """The deltas a stream of ``text`` (one character a token) yields, the last one what
+    the end of the answer releases."""
+    out = DeltaQueue()
+    deltas = TextDeltas(lambda ids: text[: len(ids)], (), out, structure.visible)
+    for i in range(len(text)):
+        deltas.on_token(i)
+    deltas.finish(structure.parse(text).content)
+    out.close()
+    got = []
+    while (item := out.get()) is not DeltaQueue.DONE:
+        got.append(item[0])  # type: ignore[index]
+    return got
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (QWEN_BARE, ""),
+        (QWEN_FENCED, ""),
+        ('Let me look.\n```json\n{"name": "get_weather", "arguments": {}}\n```', "Let me look."),
+        ('Sure.\n<tool_call>\n{"name": "multiply", "arguments": {}}\n</tool_call>', "Sure."),
+    ],
+)
+def test_streaming_holds_a_bare_call_back(text: str, shown: str) -> None:
+    deltas = streamed(text, Structure(TOOLS))
+    assert "".join(deltas).strip() == shown
+    assert "{" not in "".join(deltas)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"capital": "Lima"} is the JSON.',
+        "Use `x` and ```python\nprint(1)\n``` to print.",
+        '```json\n{"a": 1}\n```\nThat is JSON.',
+    ],
+)
+def test_streaming_releases_what_is_not_a_call_as_it_comes(text: str) -> None:
+    deltas = streamed(text, Structure(TOOLS))
+    assert "".join(deltas) == text
+    assert len(deltas) > 2  # not all at the end
+
+
+def test_bare_start_marks_where_a_call_may_begin() -> None:
+    assert bare_start('  {"name": "mul', NAMES) == 2
+    assert bare_start("Hi ``", NAMES) == 3
+    assert bare_start("Hi ```js", NAMES) == 3
+    assert bare_start("Hi ```py", NAMES) == len("Hi ```py")
+
+
+@pytest.mark.embedded
+def test_the_real_qwen_s_bare_json_answer_comes_back_as_a_call() -> None:
+    """Qwen2.5-Coder-0.5B-Instruct answers ``tool_choice="auto"`` with bare JSON, not its
+    ``<tool_call>`` tags: tool_calls and invalid_tool_calls were both empty before."""
+    engine = family_real("qwen2.5")
+    tools = [*TOOLS, tool("capital_of", country="string")]
+    ask = [{"role": "user", "content": "What is 12 times 7?"}]
+    result = engine.chat(ask, tools=tools, max_new_tokens=40)
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("multiply", {"a": 12, "b": 7})]
+    assert result.text == "" and result.finish_reason == "tool_calls"
