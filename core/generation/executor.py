@@ -35,47 +35,16 @@ from typing import Any, TypeVar
 import torch
 
 from kvboost_rag.core.generation.batch import Batch
+from kvboost_rag.core.generation.job import Job
 from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.result import BatchStats
 from kvboost_rag.core.model import openmp
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.measurements import Measurements
-from kvboost_rag.core.model.yielding import Preempted, preemptible
+from kvboost_rag.core.model.yielding import preemptible
 
 T = TypeVar("T")
 IDLE_SECONDS = 1.0  # the loop's thread ends after this long without work
-
-
-class Job:
-    """A function to run on the loop's thread; ``wait`` returns its result."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.urgent = False  # a caller now waits for this background job: it goes first
-
-    def run(self) -> bool:
-        """Run ``fn``; False when a request preempted it (it is to run again)."""
-        try:
-            self.result = self.fn()
-        except Preempted:
-            return False
-        except BaseException as error:  # handed to the waiting caller
-            self.error = error
-        self.done.set()
-        return True
-
-    def hurry(self) -> None:
-        """Run this background job before the others queued (a caller waits for it)."""
-        self.urgent = True
-
-    def wait(self) -> Any:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class Executor:

@@ -10,6 +10,7 @@ every row's last real token is the forward's last query.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -171,7 +172,7 @@ class Runner:
         """The ways the decoder's linear layers take (``linears.measure``, or what
         ``measurements`` kept for the same shapes), packing them where the fastest way is
         packed and ``packed_linears`` allows it."""
-        key = linears.measured_key(self.model, packed_linears)
+        key = _linears_key(self.model, packed_linears)
         kept = None if key is None else _ways(measurements.recall("linears", key))
         if kept is not None:
             self.ways = linears.adopt(self.model, kept)
@@ -242,3 +243,23 @@ def _ways(kept: Any) -> linears.Ways | None:
     if not set(fastest.values()) | set(unpacked.values()) <= known:
         return None
     return linears.Ways(fastest, unpacked)
+
+
+def _linears_key(model: Any, packed: bool) -> dict[str, Any] | None:
+    """What ``linears.measure``'s answer depends on besides the machine: the decoder's
+    weight shapes and dtype, what it measures; None where it times nothing (a small
+    decoder, no linear layers, another dtype)."""
+    layers = linears.install(model)
+    total = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
+    if total < linears.MEASURED_BYTES or model.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    shapes = Counter((la.out_features, la.in_features, la.bias is not None) for la in layers)
+    return {
+        "dtype": str(model.dtype),
+        "linears": sorted(shapes.items()),
+        "fused": sum(layer.fused is not None for layer in layers),
+        "measure": [
+            *(linears.CANDIDATES, linears.STREAMED, linears.STREAMED_BYTES, linears.REPEATS),
+            *(packed, linears.PACKED_BYTES),
+        ],
+    }

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -253,22 +252,6 @@ def adopt(model: Any, ways: Ways) -> Ways:
             else:
                 group.drop()
     return ways
-
-
-def measured_key(model: Any, packed: bool) -> dict[str, Any] | None:
-    """What ``measure``'s answer depends on besides the machine: the decoder's weight shapes
-    and dtype, the candidates; None where it times nothing (too small, no linear layers)."""
-    layers = install(model)
-    shapes = Counter((la.out_features, la.in_features, la.bias is not None) for la in layers)
-    total = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
-    if total < MEASURED_BYTES or model.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    return {
-        "dtype": str(model.dtype),
-        "linears": sorted(shapes.items()),
-        "fused": sum(layer.fused is not None for layer in layers),
-        "measure": [CANDIDATES, STREAMED, STREAMED_BYTES, REPEATS, packed, PACKED_BYTES],
-    }
 
 
 def _taken(ranked: dict[int, list[str]], allowed: Sequence[str]) -> dict[int, str]:
