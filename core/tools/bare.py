@@ -33,12 +33,15 @@ def bare_calls(text: str, names: Sequence[str]) -> Parsed | None:
     content; None when it holds none."""
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
-    stripped = text.strip()
-    if stripped.startswith(("{", "[")):
-        end = _call_end(stripped, names)
-        if end is not None:
-            read_calls(stripped[:end], names, calls, invalid)
-            return Parsed(stripped[end:].strip(), calls, invalid)
+    rest = text.strip()
+    while rest.startswith(("{", "[")):  # one call a line is several calls
+        end = _call_end(rest, names, cut=bool(calls or invalid))
+        if end is None:
+            break
+        read_calls(rest[:end], names, calls, invalid)
+        rest = rest[end:].strip()
+    if calls or invalid:
+        return Parsed(rest, calls, invalid)
     content: list[str] = []
     last = 0
     for match in FENCE.finditer(text):
@@ -81,16 +84,18 @@ def _fence_start(text: str, names: Sequence[str]) -> int:
     return len(text.rstrip("`"))  # a "`" or "``" at the end may open a fence
 
 
-def _call_end(body: str, names: Sequence[str]) -> int | None:
+def _call_end(body: str, names: Sequence[str], cut: bool = False) -> int | None:
     """Where the call JSON opening ``body`` ends; None when ``body`` does not open with a
-    call. JSON that does not parse counts as a call when it names an offered tool or holds
-    arguments (it is then reported, not dropped), to the end of ``body``."""
+    call. JSON that does not parse counts as a call, to the end of ``body``, when it names
+    an offered tool or holds arguments, or follows calls (``cut``): it is then reported,
+    not dropped."""
     try:
         value, end = _DECODER.raw_decode(body)
     except json.JSONDecodeError:
         name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
         holds = re.search(r'"(?:arguments|parameters)"\s*:', body)
-        return len(body) if name and (name.group(1) in names or holds) else None
+        called = cut or name and (name.group(1) in names or holds)
+        return len(body) if called else None
     return end if _is_call(value, names) else None
 
 

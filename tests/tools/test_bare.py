@@ -60,6 +60,17 @@ def test_text_after_a_bare_call_is_content() -> None:
     assert parsed.content == "This multiplies them."
 
 
+def test_calls_one_a_line_are_several_calls() -> None:
+    """Qwen2.5-Coder-0.5B's answer after a tool result, cut at max_tokens."""
+    text = (
+        '{"name": "multiply", "arguments": {"a": 84, "b": 7}}\n'
+        '{"name": "get_weather", "arguments": {"city": "London"}}\n{"name'
+    )
+    parsed = Structure(TOOLS).parse(text)
+    assert [c.name for c in parsed.calls] == ["multiply", "get_weather"]
+    assert len(parsed.invalid) == 1 and parsed.content == ""
+
+
 def test_a_list_of_bare_calls_is_several_calls() -> None:
     text = (
         '[{"name": "multiply", "arguments": {"a": 1, "b": 2}}, '
