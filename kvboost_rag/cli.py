@@ -59,6 +59,7 @@ BENCHES = {
     "rag": "rag.run",
     "remote": "remote.run",
     "step": "decode.step",
+    "tools": "tools.run",
     "warm": "warm.run",
 }
 
@@ -232,8 +233,8 @@ def parser() -> ArgumentParser:
     sub.add_parser(
         "bench",
         help="bench [--quick]: every workload and system in one run; "
-        "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|step|warm ...: "
-        "one workload",
+        "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|step|tools|"
+        "warm ...: one workload",
     )
     _warm_parser(sub)
     model_commands.add_parsers(sub)

@@ -1,0 +1,1 @@
+"""bench tools: right answers out of N through each tool-calling route, per model."""

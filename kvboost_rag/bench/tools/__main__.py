@@ -1,0 +1,3 @@
+from kvboost_rag.bench.tools.run import main
+
+main()
