@@ -60,7 +60,8 @@ class Executor:
         self._runner: threading.Thread | None = None  # the thread running the loop
         self._thread: threading.Thread | None = None  # the background thread, while it lives
         self._idle = False  # the background thread is waiting for work (a caller may lead)
-        self._in_job = False  # it runs a background job (a caller may lead once it yields)
+        # The thread running a background job (a caller may take the loop once it yields)
+        self._job_thread: threading.Thread | None = None
         self._running: Job | None = None  # the job the loop runs now (``drain`` waits for it)
         self._closing = False
         self._warmed = False
@@ -91,11 +92,12 @@ class Executor:
         with self._changed:
             self._waiting.append(request)
             background = self._runner is not None and self._runner is self._thread
-            lead = self._runner is None or (background and (self._idle or self._in_job))
+            busy = self._job_thread is not None
+            lead = self._runner is None or (background and (self._idle or busy))
             if lead:
                 self._runner = me  # the background thread sees this and ends
             self._changed.notify_all()
-            while lead and self._in_job:  # until its forward is dropped
+            while lead and self._job_thread is not None:  # until its forward is dropped
                 self._changed.wait()
         if not lead:
             self.hand_over()
@@ -118,8 +120,9 @@ class Executor:
             openmp.release_pool()
 
     def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the loop's thread between turns (inline when already on it)."""
-        if threading.current_thread() is self._runner:
+        """Run ``fn`` on the loop's thread between turns (inline when already on it, or
+        inside a background job, whose thread a caller may have taken the loop from)."""
+        if threading.current_thread() in (self._runner, self._job_thread):
             return fn()
         job = Job(fn)
         with self._changed:
@@ -263,13 +266,13 @@ class Executor:
         the front of the queue."""
         finished = False
         with self._changed:
-            self._in_job = True
+            self._job_thread = threading.current_thread()
         try:
             with preemptible(self._layers, self._arrived):
                 finished = job.run()
         finally:
             with self._changed:
-                self._in_job = False
+                self._job_thread = None
                 if not finished:
                     self.preempted += 1
                     self._background.appendleft(job)
