@@ -9,11 +9,12 @@ was measured, so it is kept under a key naming all of them and recalled by a lat
 with the same key.
 
 A key always holds the CPU (its model name and a digest of its feature flags), the
-Python, torch and transformers versions and torch's thread count; the caller adds what was
-measured (the weights' shapes and dtype, or the model's fingerprint). An entry is trusted
-only when its stored key equals the key asked with, field for field: a changed CPU, a torch
-upgrade, another dtype or shape measures again. A file that cannot be read or parsed counts
-as missing; one that cannot be written is skipped (the next start measures again).
+Python, torch and transformers versions, torch's thread count and OpenMP's environment
+settings; the caller adds what was measured (the weights' shapes and dtype, or the model's
+fingerprint). An entry is trusted only when its stored key equals the key asked with,
+field for field: a changed CPU, a torch upgrade, another dtype or shape measures again. A
+file that cannot be read or parsed counts as missing; one that cannot be written is skipped
+(the next start measures again).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 FORMAT = 1  # bumped when what an entry holds changes meaning
+OPENMP_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES")
 
 
 class Measurements:
@@ -116,6 +118,9 @@ def machine() -> dict[str, str]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "onednn_bf16": str(torch.backends.mkldnn.is_available() and _bf16()),
+        # How OpenMP's workers wait between parallel regions changes which way is fastest
+        # (on a busy 2-core machine a passive wait ran products 3-8x faster than spinning).
+        "openmp": " ".join(f"{name}={os.environ.get(name, '')}" for name in OPENMP_SETTINGS),
     }
 
 

@@ -29,11 +29,16 @@ def test_a_change_of_machine_or_software_measures_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     Measurements(tmp_path).keep("linears", KEY, [{}, {}])
+    uncached = measurements.machine.__wrapped__  # reads the environment again
     here = measurements.machine()
     for field, other in (("torch", "9.9.9"), ("cpu_flags", "0" * 24), ("cpu", "another CPU")):
         monkeypatch.setattr(measurements, "machine", lambda f=field, o=other: {**here, f: o})
         assert Measurements(tmp_path).recall("linears", KEY) is None, field
     monkeypatch.setattr(measurements, "machine", lambda: here)
+    with monkeypatch.context() as env:
+        env.setenv("OMP_WAIT_POLICY", "PASSIVE" if "ACTIVE" in here["openmp"] else "ACTIVE")
+        env.setattr(measurements, "machine", uncached)
+        assert Measurements(tmp_path).recall("linears", KEY) is None
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
