@@ -46,7 +46,7 @@ def test_summary_and_table_count_right_answers_and_errors() -> None:
         "machine": {"dtype": "bfloat16", "cpu": "cpu"},
         "routes": {"engine auto": {"summary": s}},
     }
-    assert "| engine auto | 1/2 | 1/2 | 1 | 1 | 4.0 |" in table(report)
+    assert "| engine auto | 1/2 | 1/2 | 1 | 0 | 1 | 4.0 |" in table(report)
     assert BENCHES["tools"] == "tools.run"
 
 

@@ -23,6 +23,7 @@ class Outcome:
     invalid: int = 0  # calls that could not be read
     final: str = ""  # the answer's text (engine routes: the calls as text)
     steps: int = 1  # model calls
+    limited: bool = False  # the agent loop ran into its limit (the model kept calling)
 
 
 def engine_route(choice: str) -> Callable[[KVBoost, ToolTask, int], Outcome]:
@@ -47,47 +48,64 @@ def langchain_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Outcome
     from langchain.agents import create_agent
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from langchain_core.tools import tool
+    from langgraph.errors import GraphRecursionError
 
     from kvboost_rag.integrations.langchain import ChatKVBoost
 
     chat = ChatKVBoost(engine=engine, max_tokens=max_tokens)
-    agent = create_agent(chat, [tool(f) for f in FUNCTIONS], system_prompt=SYSTEM)
-    out = agent.invoke({"messages": [HumanMessage(task.question)]}, {"recursion_limit": 8})
-    messages = out["messages"]
+    agent: Any = create_agent(chat, [tool(f) for f in FUNCTIONS], system_prompt=SYSTEM)
+    state: dict[str, Any] = {"messages": [HumanMessage(task.question)]}
+    limited = False
+    try:  # the last state stays when the loop runs into its limit
+        for step in agent.stream(state, {"recursion_limit": 8}, stream_mode="values"):
+            state = step
+    except GraphRecursionError:
+        limited = True
+    messages = state["messages"]
     answers = [m for m in messages if isinstance(m, AIMessage)]
-    final = str(answers[-1].content) if answers else ""
+    final = "" if limited or not answers else str(answers[-1].content)
     return Outcome(
         right=task.right_answer(final),
         tools_run=[str(m.name) for m in messages if isinstance(m, ToolMessage)],
         invalid=sum(len(m.invalid_tool_calls) for m in answers),
         final=final,
         steps=len(answers),
+        limited=limited,
     )
 
 
 def llamaindex_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Outcome:
-    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.agent.workflow import AgentInput, FunctionAgent, ToolCallResult
+    from workflows.errors import WorkflowRuntimeError
 
     from kvboost_rag.integrations.llamaindex import KVBoostLLM
 
     llm = KVBoostLLM(engine=engine, max_tokens=max_tokens)
     agent = FunctionAgent(tools=list(FUNCTIONS), llm=llm, system_prompt=SYSTEM)
-    steps = []
+    steps, tools = 0, []
 
-    async def run() -> Any:
+    async def run() -> str | None:
+        nonlocal steps
         handler = agent.run(task.question, max_iterations=4)
         async for event in handler.stream_events():
-            if type(event).__name__ == "AgentInput":
-                steps.append(event)
-        return await handler
+            steps += isinstance(event, AgentInput)
+            if isinstance(event, ToolCallResult):
+                tools.append(event.tool_name)
+        try:
+            result: Any = await handler
+            return str(result.response.content or "")
+        except WorkflowRuntimeError as error:  # the loop ran into its limit
+            if "Max iterations" not in str(error):
+                raise
+            return None
 
-    result = asyncio.run(run())
-    final = str(result.response.content or "")
+    final = asyncio.run(run())
     return Outcome(
-        right=task.right_answer(final),
-        tools_run=[call.tool_name for call in result.tool_calls],
-        final=final,
-        steps=len(steps),
+        right=final is not None and task.right_answer(final),
+        tools_run=tools,
+        final=final or "",
+        steps=steps,
+        limited=final is None,
     )
 
 

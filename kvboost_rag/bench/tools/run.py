@@ -74,6 +74,7 @@ def summary(records: list[dict[str, Any]], tasks: Any) -> dict[str, Any]:
         "right": sum(r["right"] for r in records),
         "right_tool_first": sum(used),
         "invalid_calls": sum(r["invalid"] for r in records),
+        "loop_limit": sum(r.get("limited", False) for r in records),
         "errors": sum(r["error"] is not None for r in records),
         "median_seconds": sorted(r["seconds"] for r in records)[len(records) // 2],
     }
@@ -82,14 +83,14 @@ def summary(records: list[dict[str, Any]], tasks: Any) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['model']} ({report['machine']['dtype']}, {report['machine']['cpu']})",
-        "| route | right | right tool first | invalid calls | errors | median s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| route | right | right tool first | invalid calls | loop limit | errors | median s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, data in report["routes"].items():
         s = data["summary"]
         lines.append(
             f"| {name} | {s['right']}/{s['tasks']} | {s['right_tool_first']}/{s['tasks']} "
-            f"| {s['invalid_calls']} | {s['errors']} | {s['median_seconds']} |"
+            f"| {s['invalid_calls']} | {s['loop_limit']} | {s['errors']} | {s['median_seconds']} |"
         )
     return "\n".join(lines)
 
