@@ -149,7 +149,7 @@ def _refusal(name: str, support: ModelSupport, windows: set[int]) -> str | None:
 def _probe(model: Any, support: ModelSupport, measurements: Measurements) -> str | None:
     """Why re-rotated keys are wrong for this model, or None; recalled from
     ``measurements`` where this machine probed the same model (by its fingerprint)."""
-    key = {"model": measurements.model, "tolerance": _tolerance(model)}
+    key = {"model": measurements.model, "probe": [PROBE_TOKENS, PROBE_SHIFT, _tolerance(model)]}
     kept = measurements.recall("rotation", key) if measurements.model else None
     if isinstance(kept, dict) and isinstance(kept.get("reason"), (str, type(None))):
         return kept["reason"]  # type: ignore[no-any-return]

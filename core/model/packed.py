@@ -152,7 +152,7 @@ class PackedHead:
         head = _head(self.model)
         if self._correct is not None or head is None:
             return
-        key = {"model": measurements.model, "dtype": str(self.model.dtype)}
+        key = {"model": measurements.model, "dtype": str(self.model.dtype), "rows": PACK_ROWS}
         kept = measurements.recall("head", key) if measurements.model else None
         if isinstance(kept, list) and len(kept) == 2 and all(isinstance(k, bool) for k in kept):
             self._correct, self._faster = kept
