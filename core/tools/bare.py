@@ -31,17 +31,27 @@ _DECODER = json.JSONDecoder()
 def bare_calls(text: str, names: Sequence[str]) -> Parsed | None:
     """The calls ``text`` writes as bare or fenced JSON, with the text around them as
     content; None when it holds none."""
+    return _leading_calls(text, names) or _fenced_calls(text, names)
+
+
+def _leading_calls(text: str, names: Sequence[str]) -> Parsed | None:
+    """Calls opening the answer; one call a line is several calls."""
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
     rest = text.strip()
-    while rest.startswith(("{", "[")):  # one call a line is several calls
+    while rest.startswith(("{", "[")):
         end = _call_end(rest, names, cut=bool(calls or invalid))
         if end is None:
             break
         read_calls(rest[:end], names, calls, invalid)
         rest = rest[end:].strip()
-    if calls or invalid:
-        return Parsed(rest, calls, invalid)
+    return Parsed(rest, calls, invalid) if calls or invalid else None
+
+
+def _fenced_calls(text: str, names: Sequence[str]) -> Parsed | None:
+    """Calls in fenced blocks anywhere in the answer; the other blocks stay content."""
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
     content: list[str] = []
     last = 0
     for match in FENCE.finditer(text):
