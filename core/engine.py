@@ -73,6 +73,7 @@ class KVBoost:
             self.fingerprint,
             self._prompts.special_prefix,
             tokenizer,
+            self._handle.executor.arriving,
         )
         self._warmer = Warmer(
             model, self.config, self.support, self._prompts, self._caches, self._handle.executor

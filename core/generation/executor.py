@@ -29,7 +29,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -63,6 +64,7 @@ class Executor:
         # The thread running a background job (a caller may take the loop once it yields)
         self._job_thread: threading.Thread | None = None
         self._running: Job | None = None  # the job the loop runs now (``drain`` waits for it)
+        self._arriving = 0  # callers looking a request up (``arriving``)
         self._closing = False
         self._warmed = False
         self._packs_linears = False  # whether the linear layers were measured with packing
@@ -180,6 +182,21 @@ class Executor:
 
         self.call(compile_now)
 
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """While a caller prepares a request (its lookup: index updates, tier reads), work
+        nobody waits for pauses: a running forward is dropped at the next decoder layer
+        and none starts, so the request is not slowed or queued behind it. Never hold it
+        while waiting for such work."""
+        with self._changed:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._arriving -= 1
+                self._wake()
+
     def drain(self) -> None:
         """Wait until every job queued so far (deferred ones too) has run."""
         with self._changed:
@@ -239,13 +256,14 @@ class Executor:
             return False
 
     def _pending(self) -> bool:
-        return bool(self.batch.rows or self._waiting or self._jobs or self._background)
+        background = bool(self._background) and not self._arriving
+        return bool(self.batch.rows or self._waiting or self._jobs or background)
 
     def _turn(self) -> None:
         with self._changed:
             job = self._jobs.popleft() if self._jobs else None
             background = job is None and bool(self._background)
-            if background and not (self.batch.rows or self._waiting):
+            if background and not (self.batch.rows or self._waiting or self._arriving):
                 job = next((j for j in self._background if j.urgent), self._background[0])
                 self._background.remove(job)
             self._running = job
@@ -279,9 +297,9 @@ class Executor:
                 self._changed.notify_all()
 
     def _arrived(self) -> bool:
-        """Whether a request or a caller's job waits (read without the lock: a deque's
-        length is read atomically, and a late answer only delays the yield by a layer)."""
-        return bool(self._waiting or self._jobs)
+        """Whether a request or a caller's job waits, or a request is being looked up (read
+        without the lock: a late answer only delays the yield by a layer)."""
+        return bool(self._waiting or self._jobs or self._arriving)
 
     def _next_waiting(self) -> Request | None:
         """The first waiting request, taken off the queue, if the batch admits it."""

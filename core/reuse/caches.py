@@ -5,10 +5,11 @@ for its prompt (``look_up``, on the caller's thread), its context built from tha
 Nothing here waits on storage while the model waits: lookups read the tiers before the
 request reaches the executor, and what an answer leaves behind is copied out of its row
 and stored by the ``indexer`` thread (the index update) and the tiers' own background
-writers (disk and shared-tier files). Passages a cold prompt deferred are encoded by an
-executor job. A later lookup waits for the index updates already queued, and for a
-deferred encode of a passage it needs, so a request sees what every request that ended
-before it stored, as in a serial run.
+writers (disk and shared-tier files). Passages a cold prompt deferred are encoded by
+executor jobs that give way to requests, and pause while a lookup runs. A later lookup
+waits for the index updates already queued, and for a deferred encode of a passage it
+needs (encoded before the others), so a request sees what every request that ended before
+it stored, as in a serial run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, Protocol
 
@@ -58,9 +60,11 @@ class Caches:
         fingerprint: bytes,
         special_prefix: list[int],
         tokenizer: Any,
+        pause: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
         self.config = config
         self.store = store
+        self._pause = pause  # pauses the model's deferred work while a lookup runs
         self.exact = PrefixCache(store, fingerprint, config.block_tokens)
         self.reuse = _passage_reuse(
             model, support, config, store, fingerprint, special_prefix, tokenizer
@@ -90,15 +94,16 @@ class Caches:
     # -- before the model --------------------------------------------------------------
 
     def look_up(self, prompt: TokenizedPrompt) -> Lookup:
-        self.indexer.join()  # the index updates of requests that already ended
-        self._await_encodes(prompt)
-        return look_up(
-            prompt,
-            self.exact,
-            self.session,
-            self.passages,
-            own_prefix=self._own(),
-        )
+        self._await_encodes(prompt)  # before pausing the deferred work it waits for
+        with self._pause():
+            self.indexer.join()  # the index updates of requests that already ended
+            return look_up(
+                prompt,
+                self.exact,
+                self.session,
+                self.passages,
+                own_prefix=self._own(),
+            )
 
     def _await_encodes(self, prompt: TokenizedPrompt) -> None:
         pending = []

@@ -102,10 +102,11 @@ def test_a_request_arriving_during_a_deferred_encode_is_served_first(
     executor = engine._handle.executor
     thread, out = in_thread(lambda: engine.generate(OTHER, max_new_tokens=6))
     until(lambda: bool(executor._waiting))  # queued behind the encode held in its forward
+    before = executor.preempted
     encodes.release.set()
     thread.join(30)
     assert out and out[0].token_ids == want
-    assert executor.preempted >= 1
+    assert executor.preempted > before
     assert encodes.events[0] == "forward", encodes.events  # the request's, before any encode
     engine.flush()
     assert sorted(encodes.encoded()) == sorted(DOCS)
@@ -149,3 +150,36 @@ def test_a_lookup_has_the_passages_it_waits_for_encoded_first(
     assert out and out[0].passages_hit == 1
     engine.flush()
     assert encodes.encoded() == [DOCS[0], DOCS[2], DOCS[1]]
+
+
+def test_a_lookup_pauses_deferred_work(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next request's lookup (index updates, tier reads) runs while the deferred encode
+    is dropped, before the request even queues for the model."""
+    from kvboost_rag.core.reuse import caches
+
+    engine = balanced(tokenizer)
+    encodes = Encodes(engine, monkeypatch)
+    encodes.hold = True
+    engine.generate(COLD, max_new_tokens=4)
+    assert encodes.entered.wait(30)
+    executor = engine._handle.executor
+    looking, looked = threading.Event(), threading.Event()
+    look_up = caches.look_up
+
+    def slow_look_up(*args: Any, **kwargs: Any) -> Any:
+        looking.set()
+        assert looked.wait(30)
+        return look_up(*args, **kwargs)
+
+    monkeypatch.setattr(caches, "look_up", slow_look_up)
+    thread, out = in_thread(lambda: engine.generate(OTHER, max_new_tokens=4))
+    assert looking.wait(30)
+    before = executor.preempted
+    encodes.release.set()
+    until(lambda: executor.preempted > before or bool(encodes.encoded()))
+    assert not executor._waiting and not encodes.encoded()  # dropped during the lookup
+    looked.set()
+    thread.join(30)
+    assert out and out[0].token_ids
+    engine.flush()
+    assert sorted(encodes.encoded()) == sorted(DOCS)
