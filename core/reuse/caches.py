@@ -7,9 +7,9 @@ request reaches the executor, and what an answer leaves behind is copied out of 
 and stored by the ``indexer`` thread (the index update) and the tiers' own background
 writers (disk and shared-tier files). Passages a cold prompt deferred are encoded by
 executor jobs that give way to requests, and pause while a lookup runs. A later lookup
-waits for the index updates already queued, and for a deferred encode of a passage it
-needs (encoded before the others), so a request sees what every request that ended before
-it stored, as in a serial run.
+waits for the index updates already queued that could change what it finds, and for a
+deferred encode of a passage it needs (encoded before the others), so a request sees what
+every request that ended before it stored, as in a serial run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.generation.result import Timings
@@ -35,10 +35,18 @@ from kvboost_rag.core.reuse.lookup import Lookup, look_up
 from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
 from kvboost_rag.core.reuse.passages import PassageCache, Prefix
 from kvboost_rag.core.reuse.plan import Plan
-from kvboost_rag.core.reuse.prefix import PrefixCache
+from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.store.tiers import TieredStore
 from kvboost_rag.core.store.writer import Writer
+
+
+class _Indexing(NamedTuple):
+    """An index update queued after an answer."""
+
+    stream: list[int]  # the tokens it indexes (prompt, and answer with cache_generated)
+    start: int  # the first position it stores: what comes before is cached already
+    done: threading.Event
 
 
 class Pending(Protocol):
@@ -86,6 +94,9 @@ class Caches:
         self._encoding: dict[tuple[int, ...], threading.Event] = {}
         self._jobs: dict[tuple[int, ...], list[Pending]] = {}
         self._encoding_lock = threading.Lock()
+        # Index updates queued, for the lookups they concern (``_await_index``).
+        self._indexing: list[_Indexing] = []
+        self._indexing_lock = threading.Lock()
 
     @property
     def passages(self) -> PassageCache | None:
@@ -96,7 +107,7 @@ class Caches:
     def look_up(self, prompt: TokenizedPrompt) -> Lookup:
         self._await_encodes(prompt)  # before pausing the deferred work it waits for
         with self._pause():
-            self.indexer.join()  # the index updates of requests that already ended
+            self._await_index(prompt.tokens)
             return look_up(
                 prompt,
                 self.exact,
@@ -104,6 +115,16 @@ class Caches:
                 self.passages,
                 own_prefix=self._own(),
             )
+
+    def _await_index(self, tokens: list[int]) -> None:
+        """Wait for the index updates of requests that already ended which could change
+        what ``tokens`` finds: those storing past what ``tokens`` shares with their stream
+        (an exact block or a continuation matches only a prompt holding all before it).
+        The others go on meanwhile; they may still evict what this lookup reads."""
+        with self._indexing_lock:
+            due = [p for p in self._indexing if common_prefix(tokens, p.stream) > p.start]
+        for pending in due:
+            pending.done.wait()
 
     def _await_encodes(self, prompt: TokenizedPrompt) -> None:
         pending = []
@@ -141,18 +162,34 @@ class Caches:
             start = min(start, exact // self.config.block_tokens * self.config.block_tokens)
         if start < known:
             kv = row.copy(start, known)  # the row is reused once this returns
-            insert = partial(self._insert, stream, kv, start, upto, known, exact, plan)
+            pending = _Indexing(stream, start, threading.Event())
+            with self._indexing_lock:
+                self._indexing.append(pending)
+            insert = partial(self._insert, stream, kv, start, upto, known, exact, plan, pending)
             if not self.indexer.submit(insert):  # closed: the interpreter is exiting
                 insert()
         self._defer(plan, post)
 
     def _insert(
-        self, stream: list[int], kv: Any, start: int, upto: int, known: int, exact: int, plan: Plan
+        self,
+        stream: list[int],
+        kv: Any,
+        start: int,
+        upto: int,
+        known: int,
+        exact: int,
+        plan: Plan,
+        pending: _Indexing,
     ) -> None:
         block = self.config.block_tokens
-        self.exact.insert(stream, kv, upto, start // block, kv_start=start)
-        if self.session is not None and exact < known:
-            self.session.insert(stream, len(plan.tokens), kv, known, exact, kv_start=start)
+        try:
+            self.exact.insert(stream, kv, upto, start // block, kv_start=start)
+            if self.session is not None and exact < known:
+                self.session.insert(stream, len(plan.tokens), kv, known, exact, kv_start=start)
+        finally:
+            with self._indexing_lock:
+                self._indexing.remove(pending)
+            pending.done.set()
 
     def _defer(self, plan: Plan, post: Post) -> None:
         """Encode, after the answer, the passages a prefilled prompt had no variant of and,

@@ -183,3 +183,39 @@ def test_a_lookup_pauses_deferred_work(tokenizer: Any, monkeypatch: pytest.Monke
     assert out and out[0].token_ids
     engine.flush()
     assert sorted(encodes.encoded()) == sorted(DOCS)
+
+
+def test_a_lookup_waits_only_for_the_index_updates_it_can_use(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an answer leaves in the exact prefix cache is stored by the indexer thread; a
+    later prompt sharing none of it does not wait for it, one that continues it does."""
+    from kvboost_rag.core.reuse.caches import Caches
+    from kvboost_rag.core.reuse.prefix import PrefixCache
+
+    engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(fidelity="exact"))
+    release, waiting = threading.Event(), threading.Event()
+    insert, await_index = PrefixCache.insert, Caches._await_index
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        assert release.wait(30), "the test never released the index update"
+        return insert(*args, **kwargs)
+
+    def awaiting(caches: Any, tokens: Any) -> None:
+        if caches._indexing:
+            waiting.set()
+        await_index(caches, tokens)
+
+    monkeypatch.setattr(PrefixCache, "insert", held)
+    monkeypatch.setattr(Caches, "_await_index", awaiting)
+    story = "Once upon a time a lighthouse keeper logged the weather."
+    engine.generate(story, max_new_tokens=4)  # its index update is held
+    other, out = in_thread(lambda: engine.generate(OTHER, max_new_tokens=4))
+    other.join(30)
+    assert out and not other.is_alive()  # shares no token with it: did not wait
+    waiting.clear()
+    more, after = in_thread(lambda: engine.generate(story + " And then", max_new_tokens=4))
+    assert waiting.wait(30) and more.is_alive()
+    release.set()
+    more.join(30)
+    assert after and after[0].reused_tokens >= len(engine.tokenize(story)) - 8
