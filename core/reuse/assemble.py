@@ -3,6 +3,7 @@ mends it. One object, absent at fidelity "exact" and for models that cannot move
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any, Protocol
 
 from kvboost_rag.core.model.arch import ModelSupport
@@ -47,12 +48,18 @@ class RowKV(Protocol):
 
 class PassageReuse:
     def __init__(
-        self, model: Any, cache: PassageCache, support: ModelSupport, repair: RepairSettings
+        self,
+        model: Any,
+        cache: PassageCache,
+        support: ModelSupport,
+        repair: RepairSettings,
+        sentence_ends: Container[int] = frozenset(),
     ) -> None:
         self.model = model
         self.cache = cache
         self.support = support
         self.settings = repair
+        self.sentence_ends = sentence_ends  # what ends a sentence, for the "shared" repair
 
     def assemble(self, plan: Plan, found: PassageLookup, row: RowKV) -> None:
         """Fill positions [plan.exact, plan.length) of ``row``: each passage re-rotated
@@ -87,6 +94,8 @@ class PassageReuse:
             row.views(0, plan.length),
             tail=max(end for _, end in spans),
             reused_tokens=sum(end - start for start, end in spans),
+            passages=spans,
+            sentence_ends=self.sentence_ends,
         )
         strategy = get_strategy(self.settings.strategy)
         chosen = set(strategy(repair_plan, self.settings, self.model))

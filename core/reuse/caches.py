@@ -37,6 +37,7 @@ from kvboost_rag.core.reuse.passages import PassageCache, Prefix
 from kvboost_rag.core.reuse.plan import Plan
 from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
+from kvboost_rag.core.reuse.shared import SentenceEnds
 from kvboost_rag.core.store.tiers import TieredStore
 from kvboost_rag.core.store.writer import Writer
 
@@ -262,4 +263,4 @@ def _passage_reuse(
         anchor,
         nearest=config.prefix_fallback == "nearest",
     )
-    return PassageReuse(model, cache, support, settings)
+    return PassageReuse(model, cache, support, settings, SentenceEnds(tokenizer))

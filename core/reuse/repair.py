@@ -11,9 +11,9 @@ text, the question) are always computed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import attention_scores, cached_tail, runs_sdpa
 from kvboost_rag.core.model.hf_compat import eager_attention
 from kvboost_rag.core.model.kv import LayerKV, head, new_kv_of_layer, to_cache
+from kvboost_rag.core.reuse.shared import shared_sentences
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,15 @@ class RepairPlan:
     tail: int = 0
     # Reused passage tokens in all, the ones already exact included: what a ratio is of.
     reused_tokens: int = 0
+    # Every reused passage's span, those already exact included (where shared text is
+    # looked for); empty: ``spans``.
+    passages: list[tuple[int, int]] = field(default_factory=list)
+    # The tokens that end a sentence (``shared.SentenceEnds``).
+    sentence_ends: Container[int] = frozenset()
 
     def __post_init__(self) -> None:
+        if not self.passages:
+            object.__setattr__(self, "passages", list(self.spans))
         if not self.tail:
             object.__setattr__(self, "tail", max((end for _, end in self.spans), default=0))
         if not self.reused_tokens:
@@ -77,6 +85,21 @@ def choose_edges(plan: RepairPlan, settings: RepairSettings, model: Any) -> list
     return [
         p for start, end in plan.spans for p in range(start, min(end, start + settings.edge_tokens))
     ]
+
+
+def choose_shared(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
+    """Recompute where the passages read each other: every sentence of a reused passage
+    holding text another passage of the prompt shares (``shared.py``), and each passage's
+    first ``edge_tokens``. Where that is more than ``recompute_ratio`` of the reused tokens,
+    every reused token (the passages are too alike to be reused apart: a full prefill's
+    KV). No model runs to choose."""
+    repairable = {p for start, end in plan.spans for p in range(start, end)}
+    chosen = set(choose_edges(plan, settings, model))
+    for start, end in shared_sentences(plan.tokens, plan.passages, plan.sentence_ends):
+        chosen.update(p for p in range(start, end) if p in repairable)
+    if len(chosen) > settings.recompute_ratio * plan.reused_tokens:
+        return sorted(repairable)
+    return sorted(chosen)
 
 
 def choose_deviation(plan: RepairPlan, settings: RepairSettings, model: Any) -> list[int]:
@@ -141,6 +164,7 @@ STRATEGIES: dict[str, Strategy] = {
     "none": choose_none,
     "edges": choose_edges,
     "deviation": choose_deviation,
+    "shared": choose_shared,
     "query": choose_query,
     "passage": choose_passages,
 }

@@ -54,3 +54,21 @@ def test_front_is_a_bench_workload() -> None:
 )
 def test_answers_match_whole_words_in_order(answer: str, output: str, correct: bool) -> None:
     assert is_correct(answer, output) is correct
+
+
+def test_a_needle_prompt_holds_one_planted_fact_where_the_cycle_puts_it() -> None:
+    texts = [f"Plain essay piece number {i}. It says nothing in particular." for i in range(8)]
+    queries, pool, _ = front.tasks.batch("needle", texts, 4, 6, seed=3, retriever=None, cycle=True)
+    for i, query in enumerate(queries):
+        planted = [d for d in query.docs if "access code" in d]
+        assert len(planted) == 1 and query.docs.index(planted[0]) == query.position == i % 4
+        assert query.answer in planted[0] and set(query.docs) <= set(pool)
+
+
+def test_a_completion_prompt_is_the_layout_without_a_template(tokenizer) -> None:
+    query = front.tasks.Query(["First doc.", "Second doc."], "Which doc?", "")
+    text = front.tasks.prompt(tokenizer, "needle", "numbered", query, form="completion")
+    head = front.tasks.warm_prefix(tokenizer, "needle", "numbered", form="completion")
+    assert isinstance(text, str) and "<|im_start|>" not in text and text.endswith("\nAnswer:")
+    marker = head.index("\u27e6")  # the placeholder passage's marker
+    assert text.startswith(head[:marker]) and text.index("First doc.") >= marker

@@ -36,87 +36,9 @@ from kvboost_rag.bench.common.corpus import passages
 from kvboost_rag.bench.common.metrics import median
 from kvboost_rag.bench.front import tasks
 from kvboost_rag.bench.front.measure import lines, measure, place, tokens, warm_up
+from kvboost_rag.bench.front.options import FOREIGN, FOREIGN_SYSTEM, OPTIONS, SYSTEM_SETS
 from kvboost_rag.bench.front.report import bos_vs_prefix, draw_front, print_cell, print_prefix
 
-OPTIONS: dict[str, dict[str, Any]] = {
-    "exact prefix cache": {"fidelity": "exact"},
-    "anchor+none": {"fidelity": "fast", "passage_prefix": "anchor", "repair": "none"},
-    "anchor+query r=0.30": {"passage_prefix": "anchor", "repair": "query", "recompute_ratio": 0.30},
-    "prompt+none": {"fidelity": "fast", "repair": "none"},
-    "prompt+query r=0.15": {"repair": "query", "recompute_ratio": 0.15},
-    "prompt+query r=0.30": {"repair": "query", "recompute_ratio": 0.30},
-    "prompt+query r=0.30 L=8": {"repair": "query", "recompute_ratio": 0.30, "probe_layers": 8},
-    "prompt+query r=0.15 L=8": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 8},
-    "prompt+edges k=8": {"repair": "edges", "edge_tokens": 8},
-    "prompt+deviation r=0.15": {"repair": "deviation", "recompute_ratio": 0.15},
-    "prompt+deviation r=0.20": {"repair": "deviation", "recompute_ratio": 0.20},
-    "prompt+deviation r=0.25": {"repair": "deviation", "recompute_ratio": 0.25},
-    "prompt+passage r=0.15": {"repair": "passage", "recompute_ratio": 0.15},
-    "prompt+passage r=0.30": {"repair": "passage", "recompute_ratio": 0.30},
-    "prompt+edges k=4": {"repair": "edges", "edge_tokens": 4},
-    "prompt+query r=0.15 L=4": {"repair": "query", "recompute_ratio": 0.15, "probe_layers": 4},
-    "prompt+query r=0.30 L=4": {"repair": "query", "recompute_ratio": 0.30, "probe_layers": 4},
-    "prompt+query r=0.03 L=4": {"repair": "query", "recompute_ratio": 0.03, "probe_layers": 4},
-    "prompt+query r=0.06 L=4": {"repair": "query", "recompute_ratio": 0.06, "probe_layers": 4},
-    "prompt+query m=0.3 r<=0.15 L=8": {
-        "repair": "query",
-        "recompute_ratio": 0.15,
-        "probe_layers": 8,
-        "recompute_mass": 0.3,
-    },
-    "prompt+query m=0.5 r<=0.3 L=8": {
-        "repair": "query",
-        "recompute_ratio": 0.30,
-        "probe_layers": 8,
-        "recompute_mass": 0.5,
-    },
-}
-SYSTEM_SETS = {
-    "front": list(OPTIONS),
-    "prefix": ["anchor+none", "prompt+none", "anchor+query r=0.30", "prompt+query r=0.30"],
-    # Cheaper probes for balanced: the question run over the first 8 of 30 layers.
-    "probe": ["prompt+query r=0.30", "prompt+query r=0.30 L=8", "prompt+query r=0.15 L=8"],
-    # The repair options of issue 26 (a probe beside SDPA, budgets on passages that need
-    # it), the answer's passage at every position.
-    "repair": [
-        "exact prefix cache",
-        "prompt+none",
-        "prompt+edges k=4",
-        "prompt+query r=0.15 L=4",
-        "prompt+query r=0.30 L=4",
-        "prompt+query r=0.15 L=8",
-        "prompt+query r=0.30 L=8",
-        "prompt+query r=0.15",
-        "prompt+query r=0.30",
-        "prompt+passage r=0.30",
-    ],
-    # Issue 26's cheap repairs: a small fixed ratio for "fast", and the adaptive ratio
-    # (``recompute_mass``) beside "balanced"'s fixed 15%.
-    "adaptive": [
-        "prompt+none",
-        "prompt+query r=0.03 L=4",
-        "prompt+query r=0.06 L=4",
-        "prompt+query r=0.15 L=8",
-        "prompt+query m=0.3 r<=0.15 L=8",
-        "prompt+query m=0.5 r<=0.3 L=8",
-    ],
-    # CacheBlend's deviation (layer 1's values) beside "balanced"'s question probe: the
-    # deviation probe kept most with the answer's passage first.
-    "deviation": [
-        "prompt+none",
-        "prompt+query r=0.15 L=8",
-        "prompt+deviation r=0.15",
-        "prompt+deviation r=0.20",
-        "prompt+deviation r=0.25",
-    ],
-}
-# The foreign-prefix scenario: each fidelity level with each prefix_fallback.
-FOREIGN = {
-    f"{level}, {fallback}": {"fidelity": level, "prefix_fallback": fallback}
-    for level in ("fast", "balanced")
-    for fallback in ("nearest", "encode")
-}
-FOREIGN_SYSTEM = "You are a helpful assistant. Use the documents below to answer."
 SIZES = {4: "1k", 8: "2k"}  # passages per prompt -> prompt size
 PASSAGE_TOKENS = (190, 240)  # essay pieces between these lengths: 4 make ~1k tokens
 
@@ -130,10 +52,12 @@ class Cell:
     layout: str = "format_passages"
     passages: int = 4
     warm: str = "all"  # "all", "half" (every other passage of the pool) or "foreign"
+    form: str = "chat"  # "chat" (the chat template) or "completion" (plain text)
 
     @property
     def name(self) -> str:
-        return f"{self.task} {SIZES[self.passages]} {self.layout} {self.warm}"
+        form = "" if self.form == "chat" else f" {self.form}"
+        return f"{self.task} {SIZES[self.passages]} {self.layout} {self.warm}{form}"
 
     @property
     def pool(self) -> int:
@@ -156,7 +80,7 @@ class Plan:
     new_tokens: int = 16
     matrix: tuple[tuple[str, str, int, str], ...] = tuple(
         (task, layout, k, warm)
-        for task in tasks.TASKS
+        for task in ("fact", "essay")
         for layout, k, warm in [
             ("format_passages", 4, "half"),
             ("format_passages", 8, "all"),
@@ -164,10 +88,17 @@ class Plan:
             ("headers", 4, "all"),
         ]
     )
-    foreign_tasks: tuple[str, ...] = tasks.TASKS
+    foreign_tasks: tuple[str, ...] = ("fact", "essay")
+    tasks: tuple[str, ...] = tasks.TASKS  # the main table's tasks
+    forms: tuple[str, ...] = ("chat",)  # and their forms
 
     def cells(self, options: str, sizes: tuple[int, ...] = (4,)) -> list[Cell]:
-        main = [Cell(task, self.queries, passages=k) for k in sizes for task in tasks.TASKS]
+        main = [
+            Cell(task, self.queries, passages=k, form=form)
+            for k in sizes
+            for form in self.forms
+            for task in self.tasks
+        ]
         if options != "front":
             return main
         return [
@@ -209,9 +140,11 @@ def run_cell(
         cell.task, texts, cell.passages, cell.queries, seed, work.retriever, work.cycle
     )
     system = FOREIGN_SYSTEM if cell.warm == "foreign" else None
-    prefix = tasks.warm_prefix(base.tokenizer, cell.task, cell.layout, system)
+    prefix = tasks.warm_prefix(base.tokenizer, cell.task, cell.layout, system, cell.form)
     warming = systems.warm(engines, pool[::2] if cell.warm == "half" else pool, prefix)
-    prompts = [tasks.prompt(base.tokenizer, cell.task, cell.layout, q) for q in queries]
+    prompts = [
+        tasks.prompt(base.tokenizer, cell.task, cell.layout, q, form=cell.form) for q in queries
+    ]
     where = [place(q.position, cell.passages) for q in queries]
     rows = measure(base, engines, prompts, [q.answer for q in queries], work.new_tokens, where)
     for engine in engines.values():
@@ -279,6 +212,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--tasks",
+        type=lambda v: _choices(v, tasks.TASKS),
+        help=f"the main table's tasks, comma-separated (default: all of {','.join(tasks.TASKS)})",
+    )
+    parser.add_argument(
+        "--forms",
+        type=lambda v: _choices(v, tasks.FORMS),
+        help="their prompt forms: chat, completion or both (default: chat)",
+    )
+    parser.add_argument("--new-tokens", type=positive, help="tokens of each answer (16)")
+    parser.add_argument(
         "--positions",
         action="store_true",
         help="put the answer's passage at every position in turn",
@@ -294,6 +238,12 @@ def main(argv: list[str] | None = None) -> None:
     plan = QUICK if args.quick else Plan()
     plan = replace(plan, queries=args.queries or plan.queries)
     plan = replace(plan, matrix_queries=args.matrix_queries or plan.matrix_queries)
+    plan = replace(
+        plan,
+        tasks=args.tasks or plan.tasks,
+        forms=args.forms or plan.forms,
+        new_tokens=args.new_tokens or plan.new_tokens,
+    )
     base = KVBoost.from_pretrained(
         args.model, dtype=args.dtype, config=KVBoostConfig(fidelity="exact")
     )
@@ -312,6 +262,14 @@ def main(argv: list[str] | None = None) -> None:
     report["chart"] = str(draw_front(report, args.out / f"{stem}.png"))
     write_report(args.out, f"{stem}.json", report)
     print(f"total wall time {report['wall_s']:.0f} s")
+
+
+def _choices(value: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    picked = tuple(v for v in value.split(",") if v)
+    wrong = [v for v in picked if v not in allowed]
+    if wrong or not picked:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}, got {value!r}")
+    return picked
 
 
 if __name__ == "__main__":

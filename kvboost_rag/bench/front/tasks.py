@@ -3,6 +3,9 @@
 - fact: essay passages each holding an invented access code (``corpus.fact_passages``); the
   question names one archive, so exactly one passage answers it and its neighbours hold
   look-alike facts. Random neighbours, random order (``rag.queries``).
+- needle: the fact task with one planted fact per prompt: the answering passage holds its
+  archive code, its neighbours are plain essay pieces (a needle among passages that do not
+  look alike: the common RAG case, where reuse was measured losing least).
 - essay: plain essay passages, no planted facts. The question quotes the first words of a
   sentence of one passage (a quote found nowhere else in the pool) and the answer turn
   starts with that quote, so the model continues it; correct when the words that follow in
@@ -11,8 +14,11 @@
   they are shuffled (reordered retrieval), the answering one put among them if missed.
 
 A layout turns (system prompt, passages, question) into chat messages with each passage
-marked by ``passage()``. The same layout with a placeholder passage is the prefix the pool
-is warmed under, so warmed KV is keyed by the prefix the prompts really start with.
+marked by ``passage()``; a prompt's form is those messages through the chat template
+("chat") or their text joined without one ("completion": the system line, the documents,
+the question and "Answer:", as a completion prompt or a base model gets it). The same
+layout and form with a placeholder passage is the prefix the pool is warmed under, so
+warmed KV is keyed by the prefix the prompts really start with.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ Prompt = str | Messages  # a completion prompt or chat messages, passages marked
 Layout = Callable[[str, Sequence[str], str], Messages]
 
 ESSAY_SYSTEM = "Answer from the documents. Copy the words exactly as they are written there."
-SYSTEMS = {"fact": SYSTEM_PROMPT, "essay": ESSAY_SYSTEM}
+SYSTEMS = {"fact": SYSTEM_PROMPT, "needle": SYSTEM_PROMPT, "essay": ESSAY_SYSTEM}
 TASKS = tuple(SYSTEMS)
+FORMS = ("chat", "completion")
 # Full prefill of the 135M model (bf16) continued a 10-word quote 5 times in 10 when the
 # answer turn starts with it; a 6-word one 2 in 8; asked in the question alone, 0 in 14.
 QUOTE_WORDS = 10
@@ -74,23 +81,34 @@ LAYOUTS: dict[str, Layout] = {"format_passages": packaged, "numbered": numbered,
 
 
 def prompt(
-    tokenizer: Any, task: str, layout: str, query: Query, system: str | None = None
+    tokenizer: Any,
+    task: str,
+    layout: str,
+    query: Query,
+    system: str | None = None,
+    form: str = "chat",
 ) -> Prompt:
-    """Chat messages, or for a query with a lead the chat-rendered text followed by it.
-    ``system`` replaces the task's system prompt."""
+    """Chat messages, or text: the chat-rendered messages followed by a query's lead, or
+    for ``form="completion"`` the messages' text without a template. ``system`` replaces
+    the task's system prompt."""
     messages = LAYOUTS[layout](system or SYSTEMS[task], query.docs, query.question)
+    if form == "completion":
+        body = "\n\n".join(m["content"] for m in messages)
+        return f"{body}\n{query.lead}" if query.lead else f"{body}\nAnswer:"
     if not query.lead:
         return messages
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return str(text) + query.lead
 
 
-def warm_prefix(tokenizer: Any, task: str, layout: str, system: str | None = None) -> Prompt:
-    """What ``warm_passages(prefix=...)`` takes: a prompt of this task and layout with one
-    placeholder passage; every real prompt starts with the tokens before its marker."""
+def warm_prefix(
+    tokenizer: Any, task: str, layout: str, system: str | None = None, form: str = "chat"
+) -> Prompt:
+    """What ``warm_passages(prefix=...)`` takes: a prompt of this task, layout and form with
+    one placeholder passage; every real prompt starts with the tokens before its marker."""
     lead = "placeholder" if task == "essay" else ""
     placeholder = Query(["placeholder"], "placeholder", "", lead)
-    return prompt(tokenizer, task, layout, placeholder, system)
+    return prompt(tokenizer, task, layout, placeholder, system, form)
 
 
 def normalized(text: str) -> str:
@@ -115,6 +133,8 @@ def batch(
     passages appear in prompts (what to warm); for the essay task the share of questions
     whose passage retrieval found (None for fact, whose neighbours are random). ``cycle``:
     query ``i``'s answering passage is put at position ``i % k`` (else where it fell)."""
+    if task == "needle":
+        return needle_batch(texts, k, n, seed, cycle)
     if task == "fact":
         pool = fact_passages(list(texts), seed)
         queries = [
@@ -126,6 +146,24 @@ def batch(
     assert task == "essay" and retriever is not None
     queries, found = essay_batch(texts, k, n, seed, retriever)
     return [at(q, i % k) if cycle else q for i, q in enumerate(queries)], list(texts), found
+
+
+def needle_batch(
+    texts: Sequence[str], k: int, n: int, seed: int, cycle: bool
+) -> tuple[list[Query], list[str], None]:
+    """``n`` queries, each one passage with a planted fact (half the pool, in turn) among
+    ``k - 1`` plain ones drawn from the other half; the pool as prompts hold it."""
+    half = len(texts) // 2
+    facts, plain = fact_passages(list(texts[:half]), seed), list(texts[half:])
+    rng = random.Random(seed)
+    queries = []
+    for i in range(n):
+        target = facts[i % len(facts)]
+        docs = rng.sample(plain, k - 1)
+        place = i % k if cycle else rng.randrange(k)
+        docs.insert(place, target.text)
+        queries.append(Query(docs, target.question, target.answer, "", place))
+    return queries, [f.text for f in facts] + plain, None
 
 
 def at(query: Query, position: int) -> Query:
