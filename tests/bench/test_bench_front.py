@@ -25,9 +25,18 @@ def test_quick_front_reports_every_option_in_every_cell(
     for cell in cells.values():
         options = front.FOREIGN if cell["warm"] == "foreign" else front.OPTIONS
         assert list(cell["systems"]) == ["full prefill", *options]
+        full = cell["systems"]["full prefill"]
         for s in cell["systems"].values():
             assert s["speedup"] > 0 and s["median_ttft_ms"] > 0
             assert s["accuracy_share_pct"] is None or s["accuracy_share_pct"] >= 0
+            # kept: of full prefill's right answers; each answer is there, whole
+            assert (
+                s["kept"][1]
+                == full["kept"][0]
+                == round(full["accuracy_pct"] * cell["queries"] / 100)
+            )
+            assert 0 <= s["kept"][0] <= s["kept"][1] and len(s["answers"]) == cell["queries"]
+            assert s["median_ttlt_ms"] >= s["median_ttft_ms"] and s["ttlt_speedup"] > 0
         for name in options:
             s = cell["systems"][name]
             assert s["mean_kl"] >= -1e-4 and 0 <= s["greedy16_match_pct"] <= 100
@@ -36,6 +45,9 @@ def test_quick_front_reports_every_option_in_every_cell(
     assert cells["essay 2k headers all"]["median_prompt_tokens"] > 1500
     assert cells["fact 1k format_passages all"]["systems"]["prompt+none"]["reuse_pct"] > 50
     assert set(report["bos_vs_prefix"]) == set(front.SYSTEM_SETS["prefix"])
+    main = [c for c in cells.values() if c["warm"] != "foreign"]
+    for name, total in report["totals"].items():  # every cell's kept answers, added up
+        assert total["kept"] == [sum(c["systems"][name]["kept"][i] for c in main) for i in (0, 1)]
     assert report["wall_s"] > 0
 
 

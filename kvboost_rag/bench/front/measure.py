@@ -25,6 +25,8 @@ class FrontRow(Row):
     where: list[str] = field(default_factory=list)  # the answer's passage: first/middle/last
     computed: list[float] = field(default_factory=list)  # share of the prompt computed
     probe_ms: list[float] = field(default_factory=list)  # choosing what to repair
+    ttlt: list[float] = field(default_factory=list)  # ms from the call to the last token
+    answers: list[str] = field(default_factory=list)  # each whole answer, as text
 
 
 def ask(engine: KVBoost, prompt: tasks.Prompt, new_tokens: int) -> GenerationResult:
@@ -67,7 +69,9 @@ def measure(
         ref, ref_logits = reference(base, prompt, new_tokens)
         full = rows["full prefill"]
         full.add_run(ref.ttft_ms, ref.token_ids, ref.total_ms - ref.ttft_ms)
-        full.correct.append(tasks.is_correct(answer, base.tokenizer.decode(ref.token_ids, True)))
+        full.ttlt.append(ref.total_ms)
+        full.answers.append(base.tokenizer.decode(ref.token_ids, True))
+        full.correct.append(tasks.is_correct(answer, full.answers[-1]))
         for name, engine in engines.items():
             result = ask(engine, prompt, new_tokens)
             logits = engine.answer_logits(prompt, ref.token_ids)
@@ -77,6 +81,8 @@ def measure(
             row.kl.append(kl_div(ref_logits, logits) / len(ref.token_ids))  # mean per token
             row.greedy.append(result.token_ids == ref.token_ids)
             row.correct.append(tasks.is_correct(answer, result.text))
+            row.ttlt.append(result.ttft_ms + result.timings.decode_ms)
+            row.answers.append(result.text)
             row.reuse.append(result.kv_reuse_ratio)
             row.foreign.append(result.passages_foreign)
             row.missed.append(result.passages_missed)
@@ -93,8 +99,11 @@ KEEP = (
 
 def lines(rows: dict[str, FrontRow]) -> dict[str, dict[str, Any]]:
     """Each option's numbers: ``metrics.summary``'s against full prefill, the accuracy as
-    a share of full prefill's, passages foreign and missed per request."""
-    base_ttft = median(rows["full prefill"].ttft)
+    a share of full prefill's, the share of full prefill's right answers it kept (the same
+    query right here too), time to the last token and its speed-up, passages foreign and
+    missed per request, and every answer."""
+    full = rows["full prefill"]
+    base_ttft, base_ttlt = median(full.ttft), median(full.ttlt)
     base_accuracy = summary(rows["full prefill"], base_ttft, None)["accuracy_pct"]
     out = {}
     for name, row in rows.items():
@@ -102,6 +111,11 @@ def lines(rows: dict[str, FrontRow]) -> dict[str, dict[str, Any]]:
         line = {k: s[k] for k in KEEP}
         share = 100 * s["accuracy_pct"] / base_accuracy if base_accuracy else None
         line["accuracy_share_pct"] = share
+        kept = [mine for mine, theirs in zip(row.correct, full.correct) if theirs]
+        line["kept"] = [sum(kept), len(kept)]
+        line["median_ttlt_ms"] = median(row.ttlt)
+        line["ttlt_speedup"] = base_ttlt / median(row.ttlt)
+        line["answers"] = row.answers
         line["passages_foreign"] = _mean(row.foreign)
         line["passages_missed"] = _mean(row.missed)
         line["computed_pct"] = 100 * sum(row.computed) / len(row.computed) if row.computed else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ def print_cell(cell: dict[str, Any]) -> None:
         f"pool {cell['pool_passages']}" + ("" if found is None else f", retrieved {found:.0f}%")
     )
     print(
-        f"{'option':<26}{'TTFT ms':>9}{'p90':>8}{'speedup':>9}{'acc%':>6}{'share%':>7}"
+        f"{'option':<26}{'TTFT ms':>9}{'p90':>8}{'speedup':>9}{'TTLT x':>8}{'kept':>7}"
+        f"{'acc%':>6}{'share%':>7}"
         f"{'greedy%':>8}{'KL':>7}{'top1%':>6}{'foreign':>8}{'missed':>7}"
         f"{'first/middle/last acc%':>24}{'computed%':>10}{'probe ms':>9}"
     )
@@ -33,11 +35,44 @@ def print_cell(cell: dict[str, Any]) -> None:
         by_place = "/".join(_fmt(places.get(p), ".0f").strip() or "-" for p in PLACES)
         print(
             f"{name:<26}{s['median_ttft_ms']:>9.1f}{s['p90_ttft_ms']:>8.1f}{s['speedup']:>8.2f}x"
+            f"{s['ttlt_speedup']:>7.2f}x{'{}/{}'.format(*s['kept']):>7}"
             f"{_fmt(s['accuracy_pct'], '>6.0f')}{_fmt(s['accuracy_share_pct'], '>7.0f')}"
             f"{_fmt(s['greedy16_match_pct'], '>8.0f')}{_fmt(s['mean_kl'], '>7.3f')}"
             f"{_fmt(s['top1_agreement_pct'], '>6.0f')}{_fmt(s['passages_foreign'], '>8.2f')}"
             f"{_fmt(s['passages_missed'], '>7.2f')}{by_place:>24}"
             f"{_fmt(s.get('computed_pct'), '>10.1f')}{_fmt(s.get('probe_ms'), '>9.1f')}"
+        )
+
+
+def totals(cells: dict[str, Any]) -> dict[str, Any]:
+    """Per option, over ``cells``: full prefill's right answers it kept (right here too), and
+    the geometric mean of its per-cell TTFT and TTLT speed-ups."""
+    out: dict[str, Any] = {}
+    for cell in cells.values():
+        for name, s in cell["systems"].items():
+            t = out.setdefault(name, {"kept": [0, 0], "ttft": [], "ttlt": []})
+            t["kept"] = [t["kept"][0] + s["kept"][0], t["kept"][1] + s["kept"][1]]
+            t["ttft"].append(s["speedup"])
+            t["ttlt"].append(s["ttlt_speedup"])
+    return {
+        name: {
+            "kept": t["kept"],
+            "kept_pct": 100 * t["kept"][0] / t["kept"][1] if t["kept"][1] else None,
+            "ttft_speedup": math.prod(t["ttft"]) ** (1 / len(t["ttft"])),
+            "ttlt_speedup": math.prod(t["ttlt"]) ** (1 / len(t["ttlt"])),
+        }
+        for name, t in out.items()
+    }
+
+
+def print_totals(table: dict[str, Any]) -> None:
+    print("\nEvery cell: full prefill's right answers kept, speed-ups (geometric mean of cells)")
+    print(f"{'option':<26}{'kept':>9}{'kept%':>7}{'TTFT x':>8}{'TTLT x':>8}")
+    for name, t in table.items():
+        kept = "{}/{}".format(*t["kept"])
+        print(
+            f"{name:<26}{kept:>9}{_fmt(t['kept_pct'], '>7.1f')}"
+            f"{t['ttft_speedup']:>7.2f}x{t['ttlt_speedup']:>7.2f}x"
         )
 
 

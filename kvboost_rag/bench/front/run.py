@@ -37,7 +37,14 @@ from kvboost_rag.bench.common.metrics import median
 from kvboost_rag.bench.front import tasks
 from kvboost_rag.bench.front.measure import lines, measure, place, tokens, warm_up
 from kvboost_rag.bench.front.options import FOREIGN, FOREIGN_SYSTEM, OPTIONS, SYSTEM_SETS
-from kvboost_rag.bench.front.report import bos_vs_prefix, draw_front, print_cell, print_prefix
+from kvboost_rag.bench.front.report import (
+    bos_vs_prefix,
+    draw_front,
+    print_cell,
+    print_prefix,
+    print_totals,
+    totals,
+)
 
 SIZES = {4: "1k", 8: "2k"}  # passages per prompt -> prompt size
 PASSAGE_TOKENS = (190, 240)  # essay pieces between these lengths: 4 make ~1k tokens
@@ -192,6 +199,8 @@ def run(
     report["options"] = {n: OPTIONS[n] for n in main} | {n: FOREIGN[n] for n in foreign}
     report["bos_vs_prefix"] = bos_vs_prefix(report["cells"], SYSTEM_SETS["prefix"])
     print_prefix(report["bos_vs_prefix"])
+    report["totals"] = totals({n: c for n, c in cells.items() if c["warm"] != "foreign"})
+    print_totals(report["totals"])
     return report
 
 
