@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag.core.errors import UnknownModelError
+from kvboost_rag.core.model.chat_templates import GEMMA3_CHAT_TEMPLATE, QWEN25_CHAT_TEMPLATE
 from kvboost_rag.core.model.gguf import convert_gguf
 
 
@@ -36,31 +37,13 @@ class EmbeddedModel:
     # order, form the GGUF; ``sha256`` is the assembled file's, checked before converting.
     parts: tuple[str, ...] = ()
     sha256: str = ""
-    # The upstream tokenizer's chat template, where the GGUF file carries none.
+    # The upstream tokenizer's chat template, where the GGUF file carries none or a broken
+    # one; it names the conversion too (``_identity``), so a folder converted before it
+    # was set is not reused.
     chat_template: str | None = None
     # Tokens that end a turn besides EOS (upstream generation config's eos_token_id); None:
     # the end-of-turn tokens the vocabulary holds (``gguf.END_OF_TURN``).
     stop_tokens: tuple[str, ...] | None = None
-
-
-# google/gemma-3-270m's chat template, text only (the GGUF conversion dropped it).
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
-)
 
 
 def _parts(name: str, count: int) -> tuple[str, ...]:
@@ -110,6 +93,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.1 GB)",
         parts=_QWEN15_PARTS,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        chat_template=QWEN25_CHAT_TEMPLATE,
         stop_tokens=_QWEN_STOPS,
     ),
 }
@@ -153,13 +137,19 @@ def embedded_available(alias: str) -> bool:
 
 
 def _identity(spec: EmbeddedModel) -> str:
-    """What names the conversion: the assembled file's hash, or the file's size and time."""
+    """What names the conversion: the assembled file's hash, or the file's size and time,
+    and the chat template given to it."""
     if spec.parts:
-        return spec.sha256[:16]
-    if spec.chunked:
-        return str(_chunked_package(spec).EXPECTED_SHA256[:16])
-    stat = (_package_dir(spec.package, spec) / spec.gguf_file).stat()
-    return f"{stat.st_size}-{int(stat.st_mtime)}"
+        source = spec.sha256[:16]
+    elif spec.chunked:
+        source = str(_chunked_package(spec).EXPECTED_SHA256[:16])
+    else:
+        stat = (_package_dir(spec.package, spec) / spec.gguf_file).stat()
+        source = f"{stat.st_size}-{int(stat.st_mtime)}"
+    if spec.chat_template is None:
+        return source
+    template = hashlib.blake2b(spec.chat_template.encode(), digest_size=4).hexdigest()
+    return f"{source}-{template}"
 
 
 def _convert(spec: EmbeddedModel, gguf: Path, target: Path) -> Path:
