@@ -7,7 +7,7 @@ before the grammars took its ``<tool_call>`` token."""
 from typing import Annotated
 
 import pytest
-from families import family  # noqa: F401 - the fixture
+from families import family, family_engine  # noqa: F401 - the fixture
 from langchain_core.tools import tool
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
@@ -67,3 +67,61 @@ def test_llamaindex_tool_selection_and_structured_predict(family: KVBoost) -> No
     assert selection.tool_name == "add" and set(selection.tool_kwargs) == {"a", "b"}
     cat = llm.structured_predict(Cat, PromptTemplate("{text} Give the cat."), text=PROMPT)
     assert isinstance(cat, Cat)
+
+
+def qwen_step_two(tokenizer, tools: list[dict]) -> list[int]:  # type: ignore[no-untyped-def]
+    """An agent's second step in Qwen's own message format (a call's arguments as a dict,
+    the result as a ``tool`` message), through Qwen's template."""
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    messages = [
+        {"role": "system", "content": "Use a tool."},
+        {"role": "user", "content": PROMPT},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "5"},
+    ]
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, return_dict=False
+    )
+    return list(ids)
+
+
+def test_langchain_agent_step_renders_as_qwens_template() -> None:
+    """The call re-rendered in ``<tool_call>`` tags and the result in ``<tool_response>``
+    tags of a user turn, with the tools listed again: rendering is not why agents on the
+    Qwen2.5-Coder models call again after a result (``docs/guides/agents.md``)."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    from kvboost_rag.integrations.langchain.messages import engine_messages
+    from kvboost_rag.integrations.langchain.tools import openai_tools
+
+    engine = family_engine("qwen2.5")
+    tools = openai_tools([tool(add)])
+    history = [
+        SystemMessage("Use a tool."),
+        HumanMessage(PROMPT),
+        AIMessage("", tool_calls=[{"name": "add", "args": {"a": 2, "b": 3}, "id": "call_1"}]),
+        ToolMessage("5", tool_call_id="call_1", name="add"),
+    ]
+    ids = engine.tokenize_chat(engine_messages(history, []), tools=tools)
+    assert ids == qwen_step_two(engine.tokenizer, tools)
+
+
+def test_llamaindex_agent_step_renders_as_qwens_template() -> None:
+    from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlock
+
+    from kvboost_rag.integrations.llamaindex.function_calling import tool_specs
+    from kvboost_rag.integrations.llamaindex.messages import engine_messages
+
+    engine = family_engine("qwen2.5")
+    tools = tool_specs([FunctionTool.from_defaults(add, fn_schema=AddArgs)])
+    call = ToolCallBlock(tool_call_id="call_1", tool_name="add", tool_kwargs={"a": 2, "b": 3})
+    history = [
+        ChatMessage(role="system", content="Use a tool."),
+        ChatMessage(role="user", content=PROMPT),
+        ChatMessage(role="assistant", blocks=[TextBlock(text=""), call]),
+        ChatMessage(
+            role="tool", content="5", additional_kwargs={"tool_call_id": "call_1", "name": "add"}
+        ),
+    ]
+    ids = engine.tokenize_chat(engine_messages(history), tools=tools)
+    assert ids == qwen_step_two(engine.tokenizer, tools)
