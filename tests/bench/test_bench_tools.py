@@ -63,3 +63,19 @@ def test_the_forced_engine_route_runs_on_a_tiny_model() -> None:
     record = attempt(ROUTES["engine forced"], family_engine("qwen2.5"), TASK, 24)
     assert record["error"] is None and record["right"] is False
     assert record["tools_run"] or record["invalid"] == 1
+
+
+def test_the_reference_step_renders_the_call_and_result_in_qwens_tags() -> None:
+    from families import family_tokenizer
+
+    from kvboost_rag.bench.tools.reference import answered, step_two
+
+    text = family_tokenizer("qwen2.5").apply_chat_template(
+        step_two(TASK), tools=SPECS, tokenize=False, add_generation_prompt=True
+    )
+    call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 7}}\n</tool_call>'
+    assert call in text and text.endswith(
+        "<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert answered(TASK, "12 times 7 is 84.")
+    assert not answered(TASK, '{"name": "multiply", "arguments": {"a": 84, "b": 1}}')
