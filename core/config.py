@@ -294,15 +294,18 @@ def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
-# Defaults per fidelity level, chosen by measurement. "balanced": the 25% of reused tokens
-# whose layer-1 values moved most from the cached ones (docs/bench/front-deviation-float32.txt,
-# ~1k-token prompts, all warmed, answers at every position, 30 questions a task, fp32):
-# 100% / 119% of full prefill's right answers on the fact / essay tasks at 2.63x / 2.45x its
-# TTFT, where the question probe over 8 layers at 15% (the default before) kept 94% / 94% at
-# 3.66x / 3.31x and got 25% of fact answers right with the answer's passage first against
-# full prefill's 75% (deviation: 50%); on Gemma 3 270M 2.63x / 2.64x with the lowest KL of
-# any option. Edges cost time without lowering KL, so "fast" repairs nothing.
+# Defaults per fidelity level, chosen by measurement on real models (issue 46,
+# docs/bench/front-real-*.txt: Qwen2.5-Coder 0.5B / 1.5B, ~1k-token prompts of 4 warmed
+# passages, chat and completion prompts, the answer's passage at every position, whole
+# answers scored). "balanced": the shared repair (every sentence of a passage holding text
+# another passage holds, and each passage's first 4 tokens; past 40% of the reused tokens,
+# all of them), which on the 0.5B kept 41 of full prefill's 42 right answers where the
+# deviation repair that was the default (the 25% of reused tokens whose layer-1 values
+# moved most) kept 37 at half its speed, and no repair 35: on look-alike passages (a fact
+# sentence of one shape in each) the tokens whose KV moves most under reuse are those
+# sentences and the passages' first words, which the shared repair finds from token ids with
+# no probe. "fast" repairs nothing: as good on passages unlike each other, and the fastest.
 FIDELITY_REPAIR: dict[str, RepairSettings] = {
-    "balanced": RepairSettings("deviation", edge_tokens=4, recompute_ratio=0.25, probe_layers=2),
+    "balanced": RepairSettings("shared", edge_tokens=4, recompute_ratio=0.40, probe_layers=None),
     "fast": RepairSettings("none", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
 }

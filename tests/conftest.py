@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from transformers import (
 )
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.reuse.plan import SHORT_PASSAGE as RULE_SHORT_PASSAGE
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -117,6 +119,30 @@ def _make_other(arch: str, vocab: int) -> torch.nn.Module:
     assert arch == "phi3"
     rope = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}
     return Phi3ForCausalLM(Phi3Config(**kwargs, rope_parameters=rope))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _short_passages_reused() -> Iterator[None]:
+    """Tests of reuse's mechanics use passages of a few words on tiny models: they reuse
+    them, though the engine prefills a prompt of such passages plainly
+    (``plan.SHORT_PASSAGE``). Session-wide, so module fixtures see it too; the workers the
+    tests start set it themselves. ``_short_passages_kept`` turns the rule back on."""
+    from kvboost_rag.core.reuse import plan
+
+    rule, plan.SHORT_PASSAGE = plan.SHORT_PASSAGE, 0
+    yield
+    plan.SHORT_PASSAGE = rule
+
+
+@pytest.fixture(autouse=True)
+def _short_passages_kept(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The docs' and README's examples keep the engine's rule for short passages (their
+    answers are checked as a user gets them), and so do tests marked ``short_passages``."""
+    kept = "tests/docs" in str(request.path) or request.path.name == "test_readme.py"
+    if kept or request.node.get_closest_marker("short_passages"):
+        from kvboost_rag.core.reuse import plan
+
+        monkeypatch.setattr(plan, "SHORT_PASSAGE", RULE_SHORT_PASSAGE)
 
 
 @pytest.fixture(autouse=True)

@@ -30,6 +30,15 @@ MASKED_PREFILL_COST = 1.2
 # after the answer, for the next prompt that holds them.
 COLD_SHARE = 0.5
 
+# Passages this short are read wrongly when reused, whatever is repaired: on
+# Qwen2.5-Coder-0.5B with 3-4 one-sentence passages (~20 tokens each), reuse kept 5-6 of 8
+# of full prefill's right answers with no repair, the deviation repair, the shared repair and
+# even the 15% of tokens whose KV truly moved most; at ~200 tokens a passage the shared
+# repair kept every one. Their reuse saves little (such a prompt is a few hundred tokens),
+# so a prompt whose passages average fewer tokens than this is prefilled plainly, exact,
+# and they are not encoded for later. A bracket (20 bad, 200 good), not a tuned point.
+SHORT_PASSAGE = 64
+
 Route = Literal["prefill", "prefix", "reuse"]
 
 
@@ -61,6 +70,7 @@ class Plan:
     # Where KV from the session cache starts (an earlier request's repaired passages and
     # what followed them: approximate); None when the exact prefix is all exact.
     approx_from: int | None = None
+    short: bool = False  # passages too short to reuse (SHORT_PASSAGE): never encoded alone
 
     @property
     def foreign(self) -> int:
@@ -79,7 +89,7 @@ class Plan:
     def deferred(self) -> list[tuple[int, ...]]:
         """Passages to encode after the answer: those a plainly prefilled prompt has no
         variant of under its own prefix."""
-        if self.route == "reuse":
+        if self.route == "reuse" or self.short:
             return []
         return [p.tokens for p in self.passages if p.source != self.prefix]
 
@@ -114,12 +124,14 @@ def make_plan(
     approx = approx_from if approx_from is not None and approx_from < exact else None
     passages = () if sources is None else _passages(prompt, exact, length, sources)
     missing = sum(len(p.tokens) for p in passages if not p.cached)
-    if passages and missing <= COLD_SHARE * sum(len(p.tokens) for p in passages):
+    total = sum(len(p.tokens) for p in passages)
+    short = total < SHORT_PASSAGE * len(passages)
+    if passages and missing <= COLD_SHARE * total and not short:
         return Plan(tokens, length, exact, passages, "reuse", prefix, approx)
     if (length - exact) * MASKED_PREFILL_COST >= length:
         exact, approx = 0, None  # too little cached to pay for continuing it
     route: Route = "prefix" if exact else "prefill"
-    return Plan(tokens, length, exact, passages, route, prefix, approx)
+    return Plan(tokens, length, exact, passages, route, prefix, approx, short)
 
 
 def after_exact(prompt: TokenizedPrompt, matched: int) -> list[int]:
