@@ -220,8 +220,10 @@ def _show_warning(
 def parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="kvboost-rag tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    p = sub.add_parser("demo", help="chat and RAG on the embedded model, with timings")
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p = sub.add_parser("demo", help="RAG through LangChain and LlamaIndex, with timings")
+    # The smallest model whose answers make sense (SmolLM2-135M's did not); any alias or
+    # folder works
+    p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
     p.add_argument("--chunks", type=positive, default=96, help="essay chunks to index and warm")
     p.add_argument("--chunk-tokens", type=positive, default=200)

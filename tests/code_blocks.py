@@ -5,11 +5,14 @@ as ``<!-- not run: REASON -->`` (an HTML comment: neither GitHub nor the site sh
 Python blocks run on the embedded model; a block naming ``REDIS_URL`` or
 ``REDIS_CLUSTER_URL`` gets a private server or cluster of the tests' own
 (``tests/redis_server.py``). A shell block has to be marked: setup, benchmark and
-command-synopsis lines are what they are.
+command-synopsis lines are what they are. A block's comment ``# prints: "A", "B"`` names
+text its output must hold (the answers the example shows are checked, not only run).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 NOT_RUN = re.compile(r"<!-- not run: (.*?) -->")
+PRINTS = re.compile(r"#\s*prints:\s*(.+)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,13 @@ class Block:
     @property
     def name(self) -> str:
         return f"{self.page}:{self.line}"
+
+    @property
+    def prints(self) -> list[str]:
+        """What its ``# prints: "A", "B"`` comments say its output holds."""
+        return [
+            text for found in PRINTS.findall(self.code) for text in re.findall(r'"([^"]+)"', found)
+        ]
 
 
 def blocks(page: str) -> list[Block]:
@@ -61,4 +72,9 @@ def run_python(block: Block, request: pytest.FixtureRequest, monkeypatch, tmp_pa
         monkeypatch.setenv("REDIS_URL", request.getfixturevalue("redis_server").url)
     if "REDIS_CLUSTER_URL" in block.code:  # the cluster recipe: a private 3-master cluster
         monkeypatch.setenv("REDIS_CLUSTER_URL", request.getfixturevalue("redis_cluster").url)
-    exec(compile(block.code, block.name, "exec"), {"__name__": "__main__"})
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(compile(block.code, block.name, "exec"), {"__name__": "__main__"})
+    print(output.getvalue(), end="")
+    missing = [text for text in block.prints if text not in output.getvalue()]
+    assert not missing, f"{block.name} printed no {missing}:\n{output.getvalue()}"
