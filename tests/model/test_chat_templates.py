@@ -28,3 +28,20 @@ def test_qwen_tool_instructions_show_a_call_as_json(alias: str) -> None:
     messages = [{"role": "user", "content": "What is 12 times 7?"}]
     text = tokenizer.apply_chat_template(messages, tools=[TOOL], tokenize=False)
     assert EXAMPLE in text
+
+
+@pytest.mark.parametrize(
+    "alias", [a for a, spec in EMBEDDED_MODELS.items() if spec.chat_template and "qwen" in a]
+)
+def test_the_template_a_qwen_is_converted_with_shows_a_call_as_json(alias: str) -> None:
+    """The template itself, rendered by the 0.5B's tokenizer (which the tests install), so the
+    1.5B's is checked where its 22 parts are not installed."""
+    from families import family_tokenizer
+
+    tokenizer = family_tokenizer("qwen2.5")
+    messages = [{"role": "user", "content": "What is 12 times 7?"}]
+    template = EMBEDDED_MODELS[alias].chat_template
+    text = tokenizer.apply_chat_template(
+        messages, tools=[TOOL], tokenize=False, chat_template=template
+    )
+    assert EXAMPLE in text and "{{" not in text
