@@ -96,7 +96,7 @@ class RequestPath:
             start=start,
             timings=timings,
             lookup=lookup,
-            plan=lookup.plan(prompt),
+            plan=lookup.plan(prompt.tokens),
             cancel=cancel,
             feed=feed,
         )

@@ -1,23 +1,29 @@
-"""Document-aware chunking: a prompt is fixed text and passages, each tokenized on its own.
+"""Document-aware chunking: a prompt is fixed text and passages; the model reads the plain text.
 
 Integrations and users wrap passages with ``passage(text)``; ``parse_segments`` finds the
-markers and removes them, so markers never reach the model. Tokenizing every segment on
-its own makes a passage's tokens identical in every prompt and in ``warm_corpus()``.
+markers and removes them, so markers never reach the model. The prompt's tokens are the
+tokenizer's tokens for the plain text, exactly what ``generate`` is given; the markers
+only say where passages are. A passage's identity is its text tokenized alone, the same in
+every prompt and in ``warm_corpus()``, and it is placed in the prompt's tokens by content
+(``placing``): where the tokenizer merged its edges with the text around it, those few
+tokens are the prompt's own and computed fresh.
 
-A passage's identity is its text. Whitespace at its edges, separators, numbering and
-headers around it are layout: they are tokenized as fixed text between passages, so the
-same passage is found whatever surrounds it. This module is the one place that lays out a
-list of passages (``format_passages``) and the one place that knows what a passage is.
+Whitespace at a passage's edges, separators, numbering and headers around it are layout,
+not part of its identity, so the same passage is found whatever surrounds it. This module
+is the one place that lays out a list of passages (``format_passages``) and the one place
+that knows what a marked passage is.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvboost_rag.core.errors import KVBoostError
+from kvboost_rag.core.prompt.placing import Placed, as_array, place
 
 OPEN = "\u27e6kvboost:passage\u27e7"
 CLOSE = "\u27e6/kvboost:passage\u27e7"
@@ -173,44 +179,90 @@ def _count(tokenizer: Any, text: str) -> int:
 
 @dataclass(frozen=True)
 class TokenizedPrompt:
-    """The model's input: token ids, and for each passage the span it occupies."""
+    """The model's input: the tokenizer's tokens for the prompt's plain text (markers
+    removed), and each passage placed in them (in order)."""
 
     tokens: list[int]
-    passages: list[tuple[int, int]]  # [start, end) of each passage piece, in order
+    passages: list[Placed]
 
 
 def tokenize_segments(
     segments: Sequence[Segment], tokenizer: Any, prefix: Sequence[int], max_passage_tokens: int
 ) -> TokenizedPrompt:
-    """Concatenate each segment's own tokenization after ``prefix`` (e.g. BOS)."""
-    tokens = list(prefix)
-    spans: list[tuple[int, int]] = []
-    for kind, ids in _pieces(segments, tokenizer, max_passage_tokens):
-        if kind == "passage" and ids:
-            spans.append((len(tokens), len(tokens) + len(ids)))
-        tokens.extend(ids)
-    return TokenizedPrompt(tokens, spans)
+    """The segments' plain text tokenized whole after ``prefix`` (e.g. BOS), as
+    ``generate`` sees it, with each marked passage (piece) placed where its text is."""
+    pieces = list(_pieces(segments, tokenizer, max_passage_tokens))
+    text = "".join(piece for _, piece in pieces)
+    ids, offsets = _with_offsets(tokenizer, text)
+    tokens = list(prefix) + ids
+    stream = as_array(tokens)
+    marked, cursor = [], 0
+    for kind, piece in pieces:
+        if kind == "passage":
+            marked.append((piece, cursor, cursor + len(piece)))
+        cursor += len(piece)
+    owns = passage_ids([piece for piece, _, _ in marked], tokenizer)
+    placed: list[Placed] = []
+    after = len(prefix)  # passages are placed in order, each after the one before
+    for own, (_, begin, stop) in zip(owns, marked):
+        if not own:
+            continue
+        if offsets is None:  # a tokenizer without offsets: searched from the last one on
+            lo, hi = after, len(tokens)
+        else:
+            lo = max(len(prefix) + bisect.bisect_right(offsets[1], begin), after)
+            hi = len(prefix) + bisect.bisect_left(offsets[0], stop)
+        spot = place(stream, own, lo, hi)
+        if spot is not None:
+            placed.append(spot)
+            after = spot.end
+    return TokenizedPrompt(tokens, placed)
+
+
+def passage_ids(texts: Sequence[str], tokenizer: Any) -> list[list[int]]:
+    """Each passage's identity: its text tokenized alone (one tokenizer call for all)."""
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+def passage_texts(
+    segments: Sequence[Segment], tokenizer: Any, max_passage_tokens: int
+) -> list[str]:
+    """The text of every passage piece of ``segments`` (long passages split)."""
+    return [t for kind, t in _pieces(segments, tokenizer, max_passage_tokens) if kind == "passage"]
+
+
+def _with_offsets(
+    tokenizer: Any, text: str
+) -> tuple[list[int], tuple[list[int], list[int]] | None]:
+    """Token ids of ``text`` and their character starts and ends (None without offsets)."""
+    if not text:
+        return [], ([], [])
+    try:
+        out = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError):  # a slow tokenizer
+        return _ids(tokenizer, text), None
+    spans = out["offset_mapping"]
+    return list(out["input_ids"]), ([s for s, _ in spans], [e for _, e in spans])
 
 
 def _pieces(
     segments: Sequence[Segment], tokenizer: Any, max_passage_tokens: int
-) -> Iterator[tuple[str, list[int]]]:
-    """``(kind, token ids)`` of every piece: a long passage becomes sentence-aligned pieces,
-    the whitespace between them fixed text, as if each piece had been marked alone."""
-    if not segments:
-        return
-    # One tokenizer call for all segments rather than one call per segment.
-    batch = tokenizer([s.text for s in segments], add_special_tokens=False)["input_ids"]
-    for segment, ids in zip(segments, batch):
-        ids = list(ids)
-        if segment.kind == "text" or len(ids) <= max_passage_tokens:
-            yield segment.kind, ids
+) -> Iterator[tuple[str, str]]:
+    """``(kind, text)`` of every piece: a long passage becomes sentence-aligned pieces, the
+    whitespace between them fixed text, as if each piece had been marked alone."""
+    passages = [s.text for s in segments if s.kind == "passage"]
+    counts = iter([len(ids) for ids in passage_ids(passages, tokenizer)])
+    for segment in segments:
+        if segment.kind == "text" or next(counts) <= max_passage_tokens:
+            yield segment.kind, segment.text
             continue
         for piece in split_passage(segment.text, tokenizer, max_passage_tokens):
             lead, core, trail = edges(piece)
             for kind, text in (("text", lead), ("passage", core), ("text", trail)):
                 if text:
-                    yield kind, _ids(tokenizer, text)
+                    yield kind, text
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:

@@ -13,6 +13,8 @@ from kvboost_rag.core.prompt.chunker import (
     TokenizedPrompt,
     format_passages,
     parse_segments,
+    passage_ids,
+    passage_texts,
     tokenize_segments,
 )
 from kvboost_rag.core.tools.formats import Tool, ToolFormat, format_for
@@ -50,8 +52,8 @@ class PromptEncoder:
         are taken."""
         marked = texts if isinstance(texts, str) else format_passages(_passage_list(texts))
         segments = [s for s in _parse(marked) if s.kind == "passage"]
-        prompt = tokenize_segments(segments, self.tokenizer, [], self.max_passage_tokens)
-        pieces = [prompt.tokens[s:e] for s, e in prompt.passages]
+        own = passage_texts(segments, self.tokenizer, self.max_passage_tokens)
+        pieces = [ids for ids in passage_ids(own, self.tokenizer) if ids]
         for piece in pieces:
             if len(piece) >= self.context_window:
                 raise ContextWindowError(len(piece), self.context_window, what="a passage")
@@ -174,7 +176,7 @@ def _parse(text: str) -> list[Segment]:
 
 def before_passages(prompt: TokenizedPrompt) -> list[int]:
     """The prompt's tokens before its first passage (all of them when it has none)."""
-    return prompt.tokens[: prompt.passages[0][0]] if prompt.passages else prompt.tokens
+    return prompt.tokens[: max(prompt.passages[0].offset, 0)] if prompt.passages else prompt.tokens
 
 
 def _special_prefix(tokenizer: Any) -> list[int]:

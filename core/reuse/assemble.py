@@ -20,6 +20,7 @@ def _as_encoded(passage: PlannedPassage, plan: Plan) -> bool:
     source = passage.source
     return (
         source is not None
+        and passage.intact
         and plan.prefix is not None
         and source.key == plan.prefix.key
         and passage.offset == len(source.tokens)

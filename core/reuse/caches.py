@@ -18,7 +18,7 @@ import atexit
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, NamedTuple, Protocol
@@ -28,16 +28,20 @@ from kvboost_rag.core.generation.result import Timings
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.yielding import Preempted
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.prompt.placing import Placed
 from kvboost_rag.core.prompt.prompts import anchor_tokens
 from kvboost_rag.core.reuse.assemble import PassageReuse, RowKV
 from kvboost_rag.core.reuse.context import Context, build_context
+from kvboost_rag.core.reuse.index import PassageIndex
 from kvboost_rag.core.reuse.lookup import Lookup, look_up
+from kvboost_rag.core.reuse.paragraphs import Breaks, paragraphs
 from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
 from kvboost_rag.core.reuse.passages import PassageCache, Prefix
 from kvboost_rag.core.reuse.plan import Plan
 from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.reuse.shared import SentenceEnds
+from kvboost_rag.core.store.catalogue import Catalogue
 from kvboost_rag.core.store.tiers import TieredStore
 from kvboost_rag.core.store.writer import Writer
 
@@ -73,6 +77,8 @@ class Caches:
     ) -> None:
         self.config = config
         self.store = store
+        self._decode = partial(tokenizer.decode, clean_up_tokenization_spaces=False)
+        self._breaks = Breaks(tokenizer)
         self._pause = pause  # pauses the model's deferred work while a lookup runs
         self.exact = PrefixCache(store, fingerprint, config.block_tokens)
         self.reuse = _passage_reuse(
@@ -106,11 +112,13 @@ class Caches:
     # -- before the model --------------------------------------------------------------
 
     def look_up(self, prompt: TokenizedPrompt) -> Lookup:
-        self._await_encodes(prompt)  # before pausing the deferred work it waits for
+        placed = self.place(prompt)
+        self._await_encodes(placed)  # before pausing the deferred work it waits for
         with self._pause():
             self._await_index(prompt.tokens)
             return look_up(
-                prompt,
+                prompt.tokens,
+                placed,
                 self.exact,
                 self.session,
                 self.passages,
@@ -127,10 +135,35 @@ class Caches:
         for pending in due:
             pending.done.wait()
 
-    def _await_encodes(self, prompt: TokenizedPrompt) -> None:
+    def place(self, prompt: TokenizedPrompt) -> list[Placed]:
+        """The prompt's passages: the marked ones, the known ones its tokens hold
+        elsewhere (found by the passage index, no marker needed) and, in a prompt that
+        marks none, its other long paragraphs (new passages, for the next prompt)."""
+        cache = self.passages
+        if cache is None:
+            return prompt.passages
+        found = cache.index.find(prompt.tokens, prompt.passages, self._head_ok)
+        placed = [*prompt.passages, *found]
+        if not prompt.passages:
+            new = [
+                Placed(tuple(prompt.tokens[a:b]), a, b, 0)
+                for a, b in paragraphs(prompt.tokens, self._breaks)
+                if not any(a < p.end and p.start < b for p in found)
+            ]
+            # Retrieval puts several documents in a prompt; one long paragraph alone is
+            # more often a chat turn, which the exact prefix cache serves from then on.
+            placed += new if len(new) + len(found) > 1 else []
+        return sorted(placed, key=lambda p: p.start)
+
+    def _head_ok(self, before: Sequence[int], missing: int, own: Sequence[int]) -> bool:
+        """Whether ``before`` (prompt tokens) ends with the text of ``own``'s first
+        ``missing`` tokens, spelled otherwise (merged with the text before them)."""
+        head = self._decode(own[:missing]).lstrip()
+        return self._decode(before).endswith(head)
+
+    def _await_encodes(self, placed: list[Placed]) -> None:
         pending = []
-        for start, end in prompt.passages if self._encoding else ():
-            tokens = tuple(prompt.tokens[start:end])
+        for tokens in [p.tokens for p in placed] if self._encoding else ():
             with self._encoding_lock:
                 event, jobs = self._encoding.get(tokens), self._jobs.get(tokens, [])
             for job in jobs:
@@ -207,6 +240,8 @@ class Caches:
         with self._encoding_lock:
             for tokens in encode:
                 events[tokens] = self._encoding.setdefault(tokens, threading.Event())
+        for tokens in encode:  # known now: a prompt arriving before its encode waits for it
+            cache.index.add(tokens)
         for tokens in encode:  # one job per passage: a request waits for one at most
             job = post(partial(self._encode, prefix, tokens, events[tokens]))
             with self._encoding_lock:
@@ -256,11 +291,18 @@ def _passage_reuse(
         warnings.warn(f"{support.reason}; using exact prefix reuse only", stacklevel=4)
         return None
     anchor = anchor_tokens(tokenizer, special_prefix) if config.passage_anchor else []
+    # What the disk tier holds is found unmarked by later processes too.
+    catalogue = None if store.disk is None else Catalogue(store.disk.dir)
+    index = PassageIndex(
+        known=None if catalogue is None else catalogue.read,
+        record=None if catalogue is None else catalogue.add,
+    )
     cache = PassageCache(
         store,
         PassageEncoder(model, config.encode_batch_tokens),
         fingerprint,
         anchor,
         nearest=config.prefix_fallback == "nearest",
+        index=index,
     )
     return PassageReuse(model, cache, support, settings, SentenceEnds(tokenizer))

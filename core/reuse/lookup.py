@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvboost_rag.core.model.kv import LayerKV
-from kvboost_rag.core.prompt.chunker import TokenizedPrompt
-from kvboost_rag.core.prompt.prompts import before_passages
+from kvboost_rag.core.prompt.placing import Placed
 from kvboost_rag.core.reuse.passages import PassageCache, Prefix
 from kvboost_rag.core.reuse.plan import Plan, after_exact, make_plan
 from kvboost_rag.core.reuse.prefix import PrefixCache
@@ -27,33 +26,38 @@ class Lookup(NamedTuple):
     prefix: Prefix | None  # what the prompt's passages are encoded after; None: no reuse
     sources: list[Prefix | None] | None  # per passage, the prefix of its stored variant
     passage_kv: list[LayerKV | None]  # per passage, that variant's KV (None: not found)
+    placed: list[Placed]  # the prompt's passages: marked, and found by the passage index
 
-    def plan(self, prompt: TokenizedPrompt) -> Plan:
-        return make_plan(prompt, self.matched, self.prefix, self.sources, self.approx_from)
+    def plan(self, tokens: list[int]) -> Plan:
+        return make_plan(
+            tokens, self.placed, self.matched, self.prefix, self.sources, self.approx_from
+        )
 
 
 def look_up(
-    prompt: TokenizedPrompt,
+    tokens: list[int],
+    placed: list[Placed],
     exact: PrefixCache,
     session: SessionCache | None,
     passages: PassageCache | None,
     own_prefix: bool,
 ) -> Lookup:
-    """``passages`` None: no passage reuse. ``own_prefix``: passages are encoded after the
-    prompt's own text before its first passage (else after the cache's anchor)."""
-    match = exact.match(prompt.tokens)
+    """``tokens``: the prompt; ``placed``: its passages, in order. ``passages`` None: no
+    passage reuse. ``own_prefix``: passages are encoded after the prompt's own text
+    before its first passage (else after the cache's anchor)."""
+    match = exact.match(tokens)
     matched, blocks, approx = match.length, match.blocks, None
-    more = session.match(prompt.tokens, match.length) if session is not None else None
+    more = session.match(tokens, match.length) if session is not None else None
     if more is not None:
         first = match.length // exact.block_tokens
         matched, blocks, approx = more.length, blocks[:first] + more.blocks, match.length
-    if passages is None or not prompt.passages:
-        return Lookup(matched, approx, blocks, None, None, [])
-    prefix = passages.prefix(before_passages(prompt) if own_prefix else [])
-    sources: list[Prefix | None] = [None] * len(prompt.passages)
-    kvs: list[LayerKV | None] = [None] * len(prompt.passages)
-    wanted = after_exact(prompt, matched)
-    found = passages.find(prefix, [prompt.tokens[slice(*prompt.passages[i])] for i in wanted])
+    if passages is None or not placed:
+        return Lookup(matched, approx, blocks, None, None, [], placed)
+    prefix = passages.prefix(tokens[: max(placed[0].offset, 0)] if own_prefix else [])
+    sources: list[Prefix | None] = [None] * len(placed)
+    kvs: list[LayerKV | None] = [None] * len(placed)
+    wanted = after_exact(placed, len(tokens), matched)
+    found = passages.find(prefix, [placed[i].tokens for i in wanted])
     for i, (source, kv) in zip(wanted, found):
         sources[i], kvs[i] = source, kv
-    return Lookup(matched, approx, blocks, prefix, sources, kvs)
+    return Lookup(matched, approx, blocks, prefix, sources, kvs, placed)

@@ -20,6 +20,7 @@ from functools import partial
 from typing import NamedTuple
 
 from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.reuse.index import PassageIndex
 from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
 from kvboost_rag.core.reuse.prefix import common_prefix
 from kvboost_rag.core.store.keys import digest, token_bytes
@@ -61,11 +62,14 @@ class PassageCache:
         fingerprint: bytes,
         anchor: list[int],
         nearest: bool,
+        index: PassageIndex | None = None,
     ) -> None:
         self.store = store
         self.encoder = encoder
         self.anchor = tuple(anchor)  # the prefix of passages that have none in their prompt
         self.nearest = nearest  # whether a foreign prefix's variant may serve a passage
+        # Every passage stored or found, so that prompts that do not mark it find it too.
+        self.index = PassageIndex() if index is None else index
         self._root = digest(b"passage-root", fingerprint)
         self._known: OrderedDict[bytes, Prefix] = OrderedDict()
         self._served: dict[bytes, int] = {}  # prompts located per known prefix
@@ -97,6 +101,9 @@ class PassageCache:
             self._remember(prefix)
             self._served[prefix.key] = self._served.get(prefix.key, 0) + 1
         own = self._get_many([(prefix, tokens) for tokens in passages])
+        for tokens, kv in zip(passages, own):
+            if kv is not None and tokens not in self.index:  # stored by an earlier process
+                self.index.add(tokens)
         out: list[tuple[Prefix | None, LayerKV | None]] = [
             (prefix, kv) if kv is not None else (None, None) for kv in own
         ]
@@ -171,6 +178,7 @@ class PassageCache:
         known = self.cached(sources, passages) if known is None else known
         missing: dict[tuple[int, ...], list[int]] = {}
         for i, (tokens, kv) in enumerate(zip(passages, known)):
+            self.index.add(tokens)
             if kv is None:
                 missing.setdefault(tuple(tokens), []).append(i)
         kvs = list(known)
@@ -211,4 +219,9 @@ class PassageCache:
         the most recently used."""
         with self._lock:
             newest_first = [p for p in reversed(self._known.values()) if p.key != prefix.key]
+        # The anchor is always a candidate: what warming without a prefix (the CLI's warm
+        # included) encodes after, in this process or an earlier one.
+        anchor = self.prefix([])
+        if anchor.key != prefix.key and anchor.key not in {p.key for p in newest_first}:
+            newest_first.append(anchor)
         return sorted(newest_first, key=lambda p: -common_prefix(p.tokens, prefix.tokens))

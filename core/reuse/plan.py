@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.prompt.placing import Placed
 from kvboost_rag.core.reuse.passages import Prefix
 
 # A prefill over a cached prefix costs more per token than a plain one: its queries attend
@@ -48,11 +48,12 @@ class PlannedPassage:
 
     start: int  # first position whose KV comes from the passage cache
     end: int  # end of those positions (the prompt's last token is never among them)
-    offset: int  # where the whole passage starts in the prompt (start > offset when the
-    # exact prefix already covers its head)
+    offset: int  # where its first own token sits (or would: start > offset when the exact
+    # prefix covers its head, or where its first tokens merged with the text before it)
     tokens: tuple[int, ...]  # the whole passage: its identity in the passage cache
     source: Prefix | None  # the prefix of the stored variant to reuse; None: not cached
     index: int  # which of the prompt's passages it is
+    intact: bool = True  # the prompt holds its first tokens as they are (none merged)
 
     @property
     def cached(self) -> bool:
@@ -109,20 +110,22 @@ class Plan:
 
 
 def make_plan(
-    prompt: TokenizedPrompt,
+    tokens: list[int],
+    placed: Sequence[Placed],
     matched: int,
     prefix: Prefix | None,
     sources: Sequence[Prefix | None] | None,
     approx_from: int | None = None,
 ) -> Plan:
-    """``matched``: prompt tokens the prefix caches hold from position 0, exact up to
-    ``approx_from`` (None: all exact). ``prefix``: what this prompt's passages are encoded
-    after; ``sources``: per passage of the prompt, the prefix whose stored variant serves
-    it, or None (``sources`` None: no passage reuse)."""
-    tokens, length = prompt.tokens, len(prompt.tokens) - 1
+    """``tokens``: the prompt; ``placed``: its passages, in order. ``matched``: prompt
+    tokens the prefix caches hold from position 0, exact up to ``approx_from`` (None: all
+    exact). ``prefix``: what this prompt's passages are encoded after; ``sources``: per
+    passage, the prefix whose stored variant serves it, or None (``sources`` None: no
+    passage reuse)."""
+    length = len(tokens) - 1
     exact = min(matched, length)
     approx = approx_from if approx_from is not None and approx_from < exact else None
-    passages = () if sources is None else _passages(prompt, exact, length, sources)
+    passages = () if sources is None else _passages(placed, exact, length, sources)
     missing = sum(len(p.tokens) for p in passages if not p.cached)
     total = sum(len(p.tokens) for p in passages)
     short = total < SHORT_PASSAGE * len(passages)
@@ -134,21 +137,19 @@ def make_plan(
     return Plan(tokens, length, exact, passages, route, prefix, approx, short)
 
 
-def after_exact(prompt: TokenizedPrompt, matched: int) -> list[int]:
-    """Indices of the prompt's passages that lie (partly) after its first ``matched``
-    tokens: the ones whose stored variants the lookup reads."""
-    end = min(matched, len(prompt.tokens) - 1)
-    length = len(prompt.tokens) - 1
-    return [i for i, (_, stop) in enumerate(prompt.passages) if min(stop, length) > end]
+def after_exact(placed: Sequence[Placed], length: int, matched: int) -> list[int]:
+    """Indices of the passages (of a prompt of ``length`` tokens) that lie (partly) after
+    its first ``matched`` tokens: the ones whose stored variants the lookup reads."""
+    end, last = min(matched, length - 1), length - 1
+    return [i for i, p in enumerate(placed) if min(p.end, last) > end]
 
 
 def _passages(
-    prompt: TokenizedPrompt, exact: int, length: int, sources: Sequence[Prefix | None]
+    placed: Sequence[Placed], exact: int, length: int, sources: Sequence[Prefix | None]
 ) -> tuple[PlannedPassage, ...]:
     out = []
-    for i, ((start, end), source) in enumerate(zip(prompt.passages, sources)):
-        if min(end, length) > exact:
-            tokens = tuple(prompt.tokens[start:end])
-            span = max(start, exact), min(end, length)
-            out.append(PlannedPassage(*span, start, tokens, source, i))
+    for i, (p, source) in enumerate(zip(placed, sources)):
+        if min(p.end, length) > exact:
+            span = max(p.start, exact), min(p.end, length)
+            out.append(PlannedPassage(*span, p.offset, p.tokens, source, i, p.first == 0))
     return tuple(out)

@@ -1,8 +1,8 @@
 """``exact`` answers equal ``model.generate`` token for token on the families users run
 (SmolLM2, Qwen2.5, Gemma 3: real tokenizers and chat templates, tiny random fp32 weights),
 on chat prompts and plain prompts, first from nothing and then from the prefix cache.
-Prompts run past Gemma's 32-token test window. No passage markers: marked passages are
-tokenized on their own edges (a later issue)."""
+Prompts run past Gemma's 32-token test window. Passage markers change nothing the model
+reads: a marked prompt's tokens are its plain text's, as the tokenizer gives them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from families import family  # noqa: F401 - the fixture
 
-from kvboost_rag import KVBoost
+from kvboost_rag import KVBoost, passage
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and say so if unsure."
 QUESTION = (
@@ -73,3 +73,54 @@ def test_plain_prompts_equal_generate(family: KVBoost) -> None:  # noqa: F811
     family.warm(PLAIN)
     warmed = family.generate(PLAIN * 2, max_new_tokens=12)
     assert warmed.reused_tokens > 0 and warmed.token_ids == first.token_ids
+
+
+DOCS = [
+    "The Eiffel Tower was completed in 1889 for the World's Fair in Paris.",
+    "Mount Fuji is the highest mountain in Japan, at 3,776 metres.",
+]
+ASKED = "Question: When was the Eiffel Tower completed?\nAnswer:"
+
+
+def rag_text(marked: bool) -> str:
+    mark = passage if marked else str
+    return "Context:\n" + "".join(mark(d) + "\n\n" for d in DOCS) + ASKED
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["plain", "marked"])
+def test_a_rag_prompt_is_the_tokenizers_tokens_for_its_text(family: KVBoost, marked) -> None:  # noqa: F811
+    """Qwen's tokenizer merges a passage's last full stop with the blank line after it
+    (``.ĊĊ``): a marked prompt still holds exactly the tokens of its plain text, and its
+    answer is ``generate``'s on them."""
+    ids = family.tokenizer(rag_text(False))["input_ids"]
+    assert family.tokenize(rag_text(marked)) == ids
+    assert (
+        family.tokenize(ASKED, passages=DOCS)
+        == family.tokenizer("".join(d + "\n\n" for d in DOCS) + ASKED)["input_ids"]
+    )
+    assert_generate(family, family.generate(rag_text(marked), max_new_tokens=10), ids, 10)
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["plain", "marked"])
+def test_a_rag_chat_equals_generate_on_its_template(family: KVBoost, marked) -> None:  # noqa: F811
+    messages = [{"role": "user", "content": rag_text(marked)}]
+    plain = [{"role": "user", "content": rag_text(False)}]
+    ids = list(
+        family.tokenizer.apply_chat_template(
+            plain, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
+    assert family.tokenize_chat(messages) == ids
+    assert_generate(family, family.chat(messages, max_new_tokens=10), ids, 10)
+
+
+def test_qwens_merged_full_stop_is_read_as_one_token() -> None:
+    """The reproducer of the issue: on Qwen2.5 ``.`` and the blank line after a passage are
+    one token (``.ĊĊ``), marked or not."""
+    from families import family_engine
+
+    engine = family_engine("qwen2.5")
+    marked = engine.tokenize("Context:\n" + passage("The cat sat.") + "\n\nQuestion: where?")
+    plain = engine.tokenize("Context:\nThe cat sat.\n\nQuestion: where?")
+    assert marked == plain
+    assert ".ĊĊ" in engine.tokenizer.convert_ids_to_tokens(plain)

@@ -29,15 +29,15 @@ def test_marker_text_never_reaches_the_tokens(tokenizer) -> None:
     decoded = tokenizer.decode(out.tokens)
     assert "kvboost" not in decoded and OPEN not in decoded and CLOSE not in decoded
     assert decoded == "A passage body Q?"
-    ((start, end),) = out.passages
-    assert tokenizer.decode(out.tokens[start:end]) == "passage body"
+    (placed,) = out.passages
+    assert tokenizer.decode(out.tokens[placed.start : placed.end]) == "passage body"
+    assert placed.whole and list(placed.tokens) == out.tokens[placed.start : placed.end]
 
 
 def test_passage_tokens_do_not_depend_on_neighbours(tokenizer) -> None:
     def span_tokens(prompt: str) -> list[int]:
         out = tokenize_segments(parse_segments(prompt), tokenizer, [], 512)
-        start, end = out.passages[0]
-        return out.tokens[start:end]
+        return list(out.passages[0].tokens)
 
     assert span_tokens("x" + passage("same text")) == span_tokens("yy\n" + passage("same text"))
 
@@ -94,7 +94,7 @@ def test_text_without_sentence_ends_splits_at_words_then_tokens(
     if whole_words:
         assert all(p[-1].isspace() or p[-1] == "." for p in pieces[:-1])
     out = tokenize_segments([Segment("passage", text)], tokenizer, [], 32)
-    assert all(e - s <= 32 for s, e in out.passages)
+    assert all(len(p.tokens) <= 32 for p in out.passages)
 
 
 def test_whitespace_at_a_passage_edge_is_layout() -> None:
@@ -116,5 +116,5 @@ def test_split_pieces_keep_no_edge_whitespace(tokenizer) -> None:
     text = " ".join(f"Sentence number {i} ends here." for i in range(20))
     out = tokenize_segments([Segment("passage", text)], tokenizer, [], 80)
     assert tokenizer.decode(out.tokens) == text
-    pieces = [tokenizer.decode(out.tokens[s:e]) for s, e in out.passages]
+    pieces = [tokenizer.decode(p.tokens) for p in out.passages]
     assert all(p == p.strip() and p.endswith(".") for p in pieces)

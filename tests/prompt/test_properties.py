@@ -104,7 +104,14 @@ def count(tokenizer, text: str) -> int:
 
 
 @given(st.lists(TEXT, min_size=1, max_size=6), TEXT)
-def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, question) -> None:
+def test_prompt_tokens_are_the_plain_texts_and_placed_passages_hold_their_own(
+    tokenizer, docs, question
+) -> None:
+    """The model reads the tokenizer's tokens for the plain text (what ``generate`` reads);
+    every placed passage's run is its own tokens, unchanged, starting within its first
+    ``HEAD_SLACK`` tokens; passages are placed in order, never overlapping."""
+    from kvboost_rag.core.prompt.chunker import PASSAGE_SEPARATOR
+    from kvboost_rag.core.prompt.placing import HEAD_SLACK
     from kvboost_rag.core.prompt.prompts import PromptEncoder
 
     assume(all(OPEN not in t and CLOSE not in t for t in [*docs, question]))
@@ -114,12 +121,19 @@ def test_prompt_spans_hold_exactly_each_passages_own_tokens(tokenizer, docs, que
     except KVBoostError as error:  # empty prompt and no passage, or over the window
         assert str(error)
         return
-    assert OPEN not in tokenizer.decode(prompt.tokens)
-    assert CLOSE not in tokenizer.decode(prompt.tokens)
+    plain = "".join(d + PASSAGE_SEPARATOR for d in docs) + question
+    assert prompt.tokens == tokenizer(plain)["input_ids"]
     cores = [edges(d)[1] for d in docs if edges(d)[1]]
-    own = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in cores]
-    # a passage's tokens are its text tokenized alone, in any prompt: the cache key
-    assert [prompt.tokens[s:e] for s, e in prompt.passages] == [ids for ids in own if ids]
+    own = [tuple(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cores]
+    rest = iter(own)
+    assert all(any(p.tokens == o for o in rest) for p in prompt.passages)  # in order
+    end = 0
+    for p in prompt.passages:
+        assert end <= p.start < p.end and p.first <= HEAD_SLACK
+        assert (
+            tuple(prompt.tokens[p.start : p.end]) == p.tokens[p.first : p.first + p.end - p.start]
+        )
+        end = p.end
 
 
 @pytest.mark.slow

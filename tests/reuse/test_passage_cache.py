@@ -57,8 +57,8 @@ def test_own_variants_in_one_batch_and_the_fallback_in_two() -> None:
     assert [tag_of(f) for f in found] == [1.0, 2.0, 4.0, None]
     assert [f[0] for f in found] == [own, near, far, None]
     # One batch for the four own variants; then, for the three missing, one asking which
-    # of the two other prefixes hold a variant and one reading the chosen two.
-    assert store.batches == [("get", 4), ("contains", 6), ("get", 2)]
+    # of the two other prefixes and the anchor hold a variant and one reading the chosen two.
+    assert store.batches == [("get", 4), ("contains", 9), ("get", 2)]
 
 
 def test_a_variant_gone_before_its_read_falls_back_to_the_next_candidate() -> None:

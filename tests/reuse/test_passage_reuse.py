@@ -190,11 +190,13 @@ def assembled(engine: KVBoost):
     prompt = engine._prompts.text(QUESTION, DOCS)
     n = len(prompt.tokens) - 1
     cache = engine._reuse.cache
-    prefix = cache.prefix(prompt.tokens[: prompt.passages[0][0]])
-    found = cache.fetch(prefix, [prompt.tokens[s:e] for s, e in prompt.passages])
+    prefix = cache.prefix(prompt.tokens[: prompt.passages[0].offset])
+    found = cache.fetch(prefix, [p.tokens for p in prompt.passages])
     row = TensorRow(found.kv, n)
-    engine._reuse.assemble(make_plan(prompt, 0, prefix, [prefix] * len(DOCS)), found, row)
-    plan = RepairPlan(prompt.tokens, n, 0, prompt.passages, row.views(0, n))
+    placed = make_plan(prompt.tokens, prompt.passages, 0, prefix, [prefix] * len(DOCS))
+    engine._reuse.assemble(placed, found, row)
+    spans = [(p.start, p.end) for p in prompt.passages]
+    plan = RepairPlan(prompt.tokens, n, 0, spans, row.views(0, n))
     return prompt, plan
 
 
@@ -210,7 +212,7 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
         chosen = choose_query(plan, RepairSettings("query", 0, 0.1, None), engine.model)
-    reused = [p for s, e in prompt.passages for p in range(s, e)]
+    reused = [i for p in prompt.passages for i in range(p.start, p.end)]
     assert len(chosen) == round(0.1 * len(reused)) and set(chosen) <= set(reused)
     threshold = min(float(score[p]) for p in chosen)
     assert all(float(score[p]) <= threshold + 1e-6 for p in set(reused) - set(chosen))
@@ -233,7 +235,7 @@ def test_query_strategy_with_a_mass_stops_once_the_chosen_hold_it(tokenizer, mas
     with torch.inference_mode():
         score = question_attention(engine.model, plan, 3)
         chosen = choose_query(plan, RepairSettings("query", 0, ratio, None, mass), engine.model)
-    reused = [p for s, e in prompt.passages for p in range(s, e)]
+    reused = [i for p in prompt.passages for i in range(p.start, p.end)]
     ranked = sorted(reused, key=lambda p: -float(score[p]))
     total = sum(float(score[p]) for p in reused)
     cap = round(ratio * len(reused))
@@ -264,8 +266,8 @@ def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -
         score = question_attention(engine.model, plan, 3)
         one = choose_passages(plan, RepairSettings("passage", 0, 0.01, None), engine.model)
         none = choose_passages(plan, RepairSettings("passage", 0, 0.0, None), engine.model)
-    best = max(prompt.passages, key=lambda span: float(score[span[0] : span[1]].mean()))
-    assert one == list(range(*best)) and none == []
+    best = max(prompt.passages, key=lambda p: float(score[p.start : p.end].mean()))
+    assert one == list(range(best.start, best.end)) and none == []
 
 
 def test_strategy_registry_lists_choices() -> None:

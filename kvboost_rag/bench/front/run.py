@@ -60,11 +60,13 @@ class Cell:
     passages: int = 4
     warm: str = "all"  # "all", "half" (every other passage of the pool) or "foreign"
     form: str = "chat"  # "chat" (the chat template) or "completion" (plain text)
+    marks: str = "marked"  # "marked" (passage markers) or "plain" (none: found by content)
 
     @property
     def name(self) -> str:
         form = "" if self.form == "chat" else f" {self.form}"
-        return f"{self.task} {SIZES[self.passages]} {self.layout} {self.warm}{form}"
+        marks = "" if self.marks == "marked" else f" {self.marks}"
+        return f"{self.task} {SIZES[self.passages]} {self.layout} {self.warm}{form}{marks}"
 
     @property
     def pool(self) -> int:
@@ -98,13 +100,15 @@ class Plan:
     foreign_tasks: tuple[str, ...] = ("fact", "essay")
     tasks: tuple[str, ...] = tasks.TASKS  # the main table's tasks
     forms: tuple[str, ...] = ("chat",)  # and their forms
+    marks: tuple[str, ...] = ("marked",)  # and whether their passages are marked
 
     def cells(self, options: str, sizes: tuple[int, ...] = (4,)) -> list[Cell]:
         main = [
-            Cell(task, self.queries, passages=k, form=form)
+            Cell(task, self.queries, passages=k, form=form, marks=marks)
             for k in sizes
             for form in self.forms
             for task in self.tasks
+            for marks in self.marks
         ]
         if options != "front":
             return main
@@ -152,6 +156,8 @@ def run_cell(
     prompts = [
         tasks.prompt(base.tokenizer, cell.task, cell.layout, q, form=cell.form) for q in queries
     ]
+    if cell.marks == "plain":  # what a default chain or an HTTP client sends
+        prompts = [tasks.unmarked(p) for p in prompts]
     where = [place(q.position, cell.passages) for q in queries]
     rows = measure(base, engines, prompts, [q.answer for q in queries], work.new_tokens, where)
     for engine in engines.values():
@@ -230,6 +236,11 @@ def main(argv: list[str] | None = None) -> None:
         type=lambda v: _choices(v, tasks.FORMS),
         help="their prompt forms: chat, completion or both (default: chat)",
     )
+    parser.add_argument(
+        "--marks",
+        type=lambda v: _choices(v, ("marked", "plain")),
+        help="their passages marked, plain (found by content) or both (default: marked)",
+    )
     parser.add_argument("--new-tokens", type=positive, help="tokens of each answer (16)")
     parser.add_argument(
         "--positions",
@@ -251,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         plan,
         tasks=args.tasks or plan.tasks,
         forms=args.forms or plan.forms,
+        marks=args.marks or plan.marks,
         new_tokens=args.new_tokens or plan.new_tokens,
     )
     base = KVBoost.from_pretrained(

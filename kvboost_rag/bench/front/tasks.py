@@ -32,7 +32,7 @@ from typing import Any
 
 from kvboost_rag.bench.common.corpus import SYSTEM_PROMPT, FactPassage, fact_passages, messages_for
 from kvboost_rag.bench.rag import run as rag
-from kvboost_rag.core.prompt.chunker import passage
+from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, passage
 
 Messages = list[dict[str, str]]
 Prompt = str | Messages  # a completion prompt or chat messages, passages marked
@@ -99,6 +99,14 @@ def prompt(
         return messages
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return str(text) + query.lead
+
+
+def unmarked(prompt: Prompt) -> Prompt:
+    """``prompt`` without its passage markers: the same text, as a client that cannot send
+    markers sends it."""
+    if isinstance(prompt, str):
+        return prompt.replace(OPEN, "").replace(CLOSE, "")
+    return [{**m, "content": m["content"].replace(OPEN, "").replace(CLOSE, "")} for m in prompt]
 
 
 def warm_prefix(

@@ -92,7 +92,7 @@ def reference(model: Any, engine: KVBoost, messages: list) -> tuple[Any, PeakMem
     with PeakMemory(model.device) as peak:
         run = full_prefill(model, lambda: engine.tokenize_chat(messages), NEW_TOKENS, True)
     prompt = engine._prompts.chat(messages)  # the spans tell where the question starts
-    tail = prompt.passages[-1][1]
+    tail = prompt.passages[-1].end
     ids = torch.tensor([prompt.tokens], device=model.device)
     with torch.inference_mode():
         out = model(ids[:, :tail], use_cache=True, logits_to_keep=1)
