@@ -96,7 +96,7 @@ class RequestPath:
             start=start,
             timings=timings,
             lookup=lookup,
-            plan=lookup.plan(prompt.tokens),
+            plan=self.caches.plan(prompt.tokens, lookup),
             cancel=cancel,
             feed=feed,
         )
@@ -173,6 +173,7 @@ class RequestPath:
             passages_hit=hits,
             passages_missed=len(plan.passages) - hits,
             passages_foreign=plan.foreign,
+            reuse_reason=f"{plan.route}: {plan.why}",
             tool_calls=parsed.calls,
             invalid_tool_calls=parsed.invalid,
         )

@@ -133,6 +133,7 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
         "passages_hit": result.passages_hit,
         "passages_missed": result.passages_missed,
         "passages_foreign": result.passages_foreign,
+        "reuse_reason": result.reuse_reason,
         # OpenAI's name for an answer that ends in tool calls, which both frameworks read.
         "finish_reason": result.finish_reason,
         "timings": result.timings.as_dict(),

@@ -29,7 +29,7 @@ from transformers import (
 )
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.reuse.plan import SHORT_PASSAGE as RULE_SHORT_PASSAGE
+from kvboost_rag.core.reuse.policy import SHORT_PASSAGE as RULE_SHORT_PASSAGE
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -125,13 +125,13 @@ def _make_other(arch: str, vocab: int) -> torch.nn.Module:
 def _short_passages_reused() -> Iterator[None]:
     """Tests of reuse's mechanics use passages of a few words on tiny models: they reuse
     them, though the engine prefills a prompt of such passages plainly
-    (``plan.SHORT_PASSAGE``). Session-wide, so module fixtures see it too; the workers the
+    (``policy.SHORT_PASSAGE``). Session-wide, so module fixtures see it too; the workers the
     tests start set it themselves. ``_short_passages_kept`` turns the rule back on."""
-    from kvboost_rag.core.reuse import plan
+    from kvboost_rag.core.reuse import policy
 
-    rule, plan.SHORT_PASSAGE = plan.SHORT_PASSAGE, 0
+    rule, policy.SHORT_PASSAGE = policy.SHORT_PASSAGE, 0
     yield
-    plan.SHORT_PASSAGE = rule
+    policy.SHORT_PASSAGE = rule
 
 
 @pytest.fixture(autouse=True)
@@ -140,9 +140,9 @@ def _short_passages_kept(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
     answers are checked as a user gets them), and so do tests marked ``short_passages``."""
     kept = "tests/docs" in str(request.path) or request.path.name == "test_readme.py"
     if kept or request.node.get_closest_marker("short_passages"):
-        from kvboost_rag.core.reuse import plan
+        from kvboost_rag.core.reuse import policy
 
-        monkeypatch.setattr(plan, "SHORT_PASSAGE", RULE_SHORT_PASSAGE)
+        monkeypatch.setattr(policy, "SHORT_PASSAGE", RULE_SHORT_PASSAGE)
 
 
 @pytest.fixture(autouse=True)

@@ -24,11 +24,11 @@ from conftest import make_model, make_tokenizer  # noqa: E402
 from warm_worker import corpus  # noqa: E402
 
 from kvboost_rag import KVBoost, KVBoostConfig  # noqa: E402
-from kvboost_rag.core.reuse import plan  # noqa: E402
+from kvboost_rag.core.reuse import policy  # noqa: E402
 from kvboost_rag.core.store.disk import DiskStore  # noqa: E402
 from kvboost_rag.core.store.keys import digest  # noqa: E402
 
-plan.SHORT_PASSAGE = 0  # their passages are a few words, reused as in the tests (conftest.py)
+policy.SHORT_PASSAGE = 0  # their passages are a few words, reused as in the tests (conftest.py)
 
 DOCS = corpus(12)
 PREFIXES = (None, "Answer from these notes.\n")

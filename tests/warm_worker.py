@@ -9,9 +9,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import make_model, make_tokenizer  # noqa: E402
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus  # noqa: E402
-from kvboost_rag.core.reuse import plan  # noqa: E402
+from kvboost_rag.core.reuse import policy  # noqa: E402
 
-plan.SHORT_PASSAGE = 0  # their passages are a few words, reused as in the tests (conftest.py)
+policy.SHORT_PASSAGE = 0  # their passages are a few words, reused as in the tests (conftest.py)
 
 
 def corpus(count: int) -> list[str]:

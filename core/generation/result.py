@@ -74,6 +74,9 @@ class GenerationResult:
     # one's (the "nearest" fallback): close to, not equal to, what the prompt's own prefix
     # gives. Warm with prefix= to make it 0.
     passages_foreign: int = 0
+    # How the engine reused the prompt and why (the reuse policy's words): e.g. "reuse: 3
+    # of 3 passages cached: reused and repaired", "prefill: no passage after the exact prefix".
+    reuse_reason: str = ""
     # Calls the answer made when tools were offered (``text`` is then the content outside
     # them), and output that looked like a call but could not be read as one.
     tool_calls: list[ToolCall] = field(default_factory=list)

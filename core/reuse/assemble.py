@@ -10,21 +10,8 @@ from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.model.rope import rerotate, rotations
 from kvboost_rag.core.reuse.passages import PassageCache, PassageLookup
-from kvboost_rag.core.reuse.plan import Plan, PlannedPassage
-from kvboost_rag.core.reuse.repair import RepairPlan, RepairSettings, get_strategy
-
-
-def _as_encoded(passage: PlannedPassage, plan: Plan) -> bool:
-    """Whether ``passage`` sits where its stored variant was encoded: right after that
-    variant's prefix, which is this prompt's own prefix."""
-    source = passage.source
-    return (
-        source is not None
-        and passage.intact
-        and plan.prefix is not None
-        and source.key == plan.prefix.key
-        and passage.offset == len(source.tokens)
-    )
+from kvboost_rag.core.reuse.plan import Plan
+from kvboost_rag.core.reuse.policy import ReusePolicy
 
 
 class RowKV(Protocol):
@@ -53,13 +40,13 @@ class PassageReuse:
         model: Any,
         cache: PassageCache,
         support: ModelSupport,
-        repair: RepairSettings,
+        policy: ReusePolicy,
         sentence_ends: Container[int] = frozenset(),
     ) -> None:
         self.model = model
         self.cache = cache
         self.support = support
-        self.settings = repair
+        self.policy = policy
         self.sentence_ends = sentence_ends  # what ends a sentence, for the "shared" repair
 
     def assemble(self, plan: Plan, found: PassageLookup, row: RowKV) -> None:
@@ -80,26 +67,8 @@ class PassageReuse:
             row.write(passage.start, moved)
 
     def repair(self, plan: Plan, row: RowKV) -> tuple[list[int], int]:
-        """The positions to compute before the first token (ascending): what the strategy
-        picks, the fresh ones and the last prompt token; and how many reused tokens are
-        kept as they are."""
-        spans = [(p.start, p.end) for p in plan.passages]
-        # A passage read right after the very prefix it was encoded after is what a full
-        # prefill computes there: nothing to repair (the strategy's budget goes elsewhere).
-        repairable = [(p.start, p.end) for p in plan.passages if not _as_encoded(p, plan)]
-        repair_plan = RepairPlan(
-            plan.tokens,
-            plan.length,
-            plan.exact,
-            repairable,
-            row.views(0, plan.length),
-            tail=max(end for _, end in spans),
-            reused_tokens=sum(end - start for start, end in spans),
-            passages=spans,
-            sentence_ends=self.sentence_ends,
+        """The positions to compute before the first token and how many reused tokens are
+        kept (the policy's choice over the assembled row)."""
+        return self.policy.recompute(
+            plan, row.views(0, plan.length), self.sentence_ends, self.model
         )
-        strategy = get_strategy(self.settings.strategy)
-        chosen = set(strategy(repair_plan, self.settings, self.model))
-        cached = {i for start, end in spans for i in range(start, end)}
-        fresh = set(range(plan.exact, plan.length)) - cached
-        return [*sorted(chosen | fresh), plan.length], len(cached - chosen)

@@ -38,6 +38,7 @@ from kvboost_rag.core.reuse.paragraphs import Breaks, paragraphs
 from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
 from kvboost_rag.core.reuse.passages import PassageCache, Prefix
 from kvboost_rag.core.reuse.plan import Plan
+from kvboost_rag.core.reuse.policy import ReusePolicy
 from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.reuse.shared import SentenceEnds
@@ -83,6 +84,9 @@ class Caches:
         self.exact = PrefixCache(store, fingerprint, config.block_tokens)
         self.reuse = _passage_reuse(
             model, support, config, store, fingerprint, special_prefix, tokenizer
+        )
+        self.policy = (
+            self.reuse.policy if self.reuse is not None else ReusePolicy(None, nearest=False)
         )
         # An agent's or a conversation's next request extends this one: the KV it used
         # after its first reused passage (approximate, so never in the exact prefix cache)
@@ -176,6 +180,12 @@ class Caches:
     def _own(self) -> bool:
         return self.config.passage_prefix == "prompt"
 
+    def plan(self, tokens: list[int], lookup: Lookup) -> Plan:
+        """What the request reuses, as the policy decides from what the lookup found."""
+        return self.policy.plan(
+            tokens, lookup.placed, lookup.matched, lookup.prefix, lookup.sources, lookup.approx_from
+        )
+
     # -- on the executor ---------------------------------------------------------------
 
     def build(self, plan: Plan, lookup: Lookup, row: RowKV, timings: Timings) -> Context:
@@ -231,8 +241,7 @@ class Caches:
         cache = self.passages
         if cache is None or plan.prefix is None:
             return
-        borrowed = plan.foreign_passages if cache.recurring(plan.prefix) else []
-        encode = [p for p in dict.fromkeys(plan.deferred + borrowed)]
+        encode = self.policy.deferred(plan, cache.recurring(plan.prefix))
         if not encode:
             return
         prefix = plan.prefix
@@ -284,8 +293,8 @@ def _passage_reuse(
     special_prefix: list[int],
     tokenizer: Any,
 ) -> PassageReuse | None:
-    settings = config.repair_settings()
-    if settings is None:  # fidelity "exact"
+    policy = ReusePolicy(config.repair_settings(), nearest=config.prefix_fallback == "nearest")
+    if policy.repair is None:  # fidelity "exact"
         return None
     if not support.passage_reuse:
         warnings.warn(f"{support.reason}; using exact prefix reuse only", stacklevel=4)
@@ -302,7 +311,7 @@ def _passage_reuse(
         PassageEncoder(model, config.encode_batch_tokens),
         fingerprint,
         anchor,
-        nearest=config.prefix_fallback == "nearest",
+        nearest=policy.nearest,
         index=index,
     )
-    return PassageReuse(model, cache, support, settings, SentenceEnds(tokenizer))
+    return PassageReuse(model, cache, support, policy, SentenceEnds(tokenizer))

@@ -2,8 +2,8 @@
 
 A request's lookup runs on its caller's thread: the exact prefix cache's longest match (and
 the session cache's continuation of it), then the stored variant of each passage after it
-(memory, disk, the shared tier). Their KV comes back as plain data, which ``make_plan``
-turns into a route without touching storage, and the executor builds the request's
+(memory, disk, the shared tier). Their KV comes back as plain data, which the reuse policy
+turns into a plan without touching storage, and the executor builds the request's
 context from it without waiting on storage either.
 """
 
@@ -14,7 +14,7 @@ from typing import NamedTuple
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.prompt.placing import Placed
 from kvboost_rag.core.reuse.passages import PassageCache, Prefix
-from kvboost_rag.core.reuse.plan import Plan, after_exact, make_plan
+from kvboost_rag.core.reuse.plan import after_exact
 from kvboost_rag.core.reuse.prefix import PrefixCache
 from kvboost_rag.core.reuse.session import SessionCache
 
@@ -27,11 +27,6 @@ class Lookup(NamedTuple):
     sources: list[Prefix | None] | None  # per passage, the prefix of its stored variant
     passage_kv: list[LayerKV | None]  # per passage, that variant's KV (None: not found)
     placed: list[Placed]  # the prompt's passages: marked, and found by the passage index
-
-    def plan(self, tokens: list[int]) -> Plan:
-        return make_plan(
-            tokens, self.placed, self.matched, self.prefix, self.sources, self.approx_from
-        )
 
 
 def look_up(

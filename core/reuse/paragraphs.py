@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 # A paragraph shorter than this is not worth a passage: it is what the plan prefills
-# plainly anyway (plan.SHORT_PASSAGE), so it is never encoded alone.
+# plainly anyway (policy.SHORT_PASSAGE), so it is never encoded alone.
 MIN_PARAGRAPH = 64
 
 

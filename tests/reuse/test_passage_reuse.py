@@ -184,7 +184,7 @@ def test_model_without_rope_falls_back_to_exact_reuse(tokenizer) -> None:
 def assembled(engine: KVBoost):
     """QUESTION over DOCS, every passage cached after the prompt's prefix and assembled
     unrepaired: the prompt and the ``RepairPlan`` a strategy sees."""
-    from kvboost_rag.core.reuse.plan import make_plan
+    from kvboost_rag.core.reuse.policy import ReusePolicy
     from kvboost_rag.core.reuse.repair import RepairPlan
 
     prompt = engine._prompts.text(QUESTION, DOCS)
@@ -193,7 +193,8 @@ def assembled(engine: KVBoost):
     prefix = cache.prefix(prompt.tokens[: prompt.passages[0].offset])
     found = cache.fetch(prefix, [p.tokens for p in prompt.passages])
     row = TensorRow(found.kv, n)
-    placed = make_plan(prompt.tokens, prompt.passages, 0, prefix, [prefix] * len(DOCS))
+    policy = ReusePolicy(engine._reuse.policy.repair)
+    placed = policy.plan(prompt.tokens, prompt.passages, 0, prefix, [prefix] * len(DOCS))
     engine._reuse.assemble(placed, found, row)
     spans = [(p.start, p.end) for p in prompt.passages]
     plan = RepairPlan(prompt.tokens, n, 0, spans, row.views(0, n))

@@ -18,7 +18,7 @@ Wrong serve: a request whose token ids differ from those of a reference engine w
 shared tier (same config otherwise) that warmed the corpus locally. A request takes one
 of two routes, and each is compared with the reference's answer on that route: passages
 assembled and repaired (reused tokens > 0), or, when more than half of its passage tokens
-were missing from every tier, a plain prefill (``core.plan.COLD_SHARE``), compared with
+were missing from every tier, a plain prefill (``core.reuse.policy.COLD_SHARE``), compared with
 the same engine's plain prefill. Passages are encoded one per forward pass
 (``encode_batch_tokens=1``): in a padded batch a passage's KV differs in the last bits
 with its batch-mates, so a passage encoded alone by the serving engine after a fault
