@@ -20,6 +20,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
@@ -116,13 +117,14 @@ class Caches:
     # -- before the model --------------------------------------------------------------
 
     def look_up(self, prompt: TokenizedPrompt) -> Lookup:
-        placed = self.place(prompt)
+        placed, new = self.place(prompt)
         self._await_encodes(placed)  # before pausing the deferred work it waits for
         with self._pause():
             self._await_index(prompt.tokens)
             return look_up(
                 prompt.tokens,
                 placed,
+                new,
                 self.exact,
                 self.session,
                 self.passages,
@@ -139,25 +141,28 @@ class Caches:
         for pending in due:
             pending.done.wait()
 
-    def place(self, prompt: TokenizedPrompt) -> list[Placed]:
-        """The prompt's passages: the marked ones, the known ones its tokens hold
-        elsewhere (found by the passage index, no marker needed) and, in a prompt that
-        marks none, its other long paragraphs (new passages, for the next prompt)."""
+    def place(self, prompt: TokenizedPrompt) -> tuple[list[Placed], list[Placed]]:
+        """The prompt's passages: the marked ones and the known ones its tokens hold
+        elsewhere (found by the passage index, no marker needed); and, in a prompt that
+        marks none, its other long paragraphs: new passages, computed in place now and
+        encoded after the answer for the next prompt that holds them."""
         cache = self.passages
         if cache is None:
-            return prompt.passages
+            return prompt.passages, []
         found = cache.index.find(prompt.tokens, prompt.passages, self._head_ok)
-        placed = [*prompt.passages, *found]
-        if not prompt.passages:
-            new = [
-                Placed(tuple(prompt.tokens[a:b]), a, b, 0)
-                for a, b in paragraphs(prompt.tokens, self._breaks)
-                if not any(a < p.end and p.start < b for p in found)
-            ]
-            # Retrieval puts several documents in a prompt; one long paragraph alone is
-            # more often a chat turn, which the exact prefix cache serves from then on.
-            placed += new if len(new) + len(found) > 1 else []
-        return sorted(placed, key=lambda p: p.start)
+        placed = sorted([*prompt.passages, *found], key=lambda p: p.start)
+        if prompt.passages:
+            return placed, []
+        new = [
+            Placed(tuple(prompt.tokens[a:b]), a, b, 0)
+            for a, b in paragraphs(prompt.tokens, self._breaks)
+            if not any(a < p.end and p.start < b for p in found)
+        ]
+        if found and new and new[-1].end == len(prompt.tokens):
+            new.pop()  # after known passages, the paragraph the prompt ends in asks of them
+        # Retrieval puts several documents in a prompt; one long paragraph alone is more
+        # often a chat turn, which the exact prefix cache serves from then on.
+        return placed, new if len(new) + len(found) > 1 else []
 
     def _head_ok(self, before: Sequence[int], missing: int, own: Sequence[int]) -> bool:
         """Whether ``before`` (prompt tokens) ends with the text of ``own``'s first
@@ -182,9 +187,12 @@ class Caches:
 
     def plan(self, tokens: list[int], lookup: Lookup) -> Plan:
         """What the request reuses, as the policy decides from what the lookup found."""
-        return self.policy.plan(
+        plan = self.policy.plan(
             tokens, lookup.placed, lookup.matched, lookup.prefix, lookup.sources, lookup.approx_from
         )
+        # New paragraphs the exact prefix cache holds need no passage of their own.
+        new = tuple(p.tokens for p in lookup.new if p.start >= lookup.matched)
+        return replace(plan, new=new) if new else plan
 
     # -- on the executor ---------------------------------------------------------------
 

@@ -27,17 +27,20 @@ class Lookup(NamedTuple):
     sources: list[Prefix | None] | None  # per passage, the prefix of its stored variant
     passage_kv: list[LayerKV | None]  # per passage, that variant's KV (None: not found)
     placed: list[Placed]  # the prompt's passages: marked, and found by the passage index
+    new: list[Placed]  # passages new to the cache, computed in place, encoded afterwards
 
 
 def look_up(
     tokens: list[int],
     placed: list[Placed],
+    new: list[Placed],
     exact: PrefixCache,
     session: SessionCache | None,
     passages: PassageCache | None,
     own_prefix: bool,
 ) -> Lookup:
-    """``tokens``: the prompt; ``placed``: its passages, in order. ``passages`` None: no
+    """``tokens``: the prompt; ``placed``: its passages, in order; ``new``: more of its
+    text to store as passages after the answer (not looked up). ``passages`` None: no
     passage reuse. ``own_prefix``: passages are encoded after the prompt's own text
     before its first passage (else after the cache's anchor)."""
     match = exact.match(tokens)
@@ -46,13 +49,14 @@ def look_up(
     if more is not None:
         first = match.length // exact.block_tokens
         matched, blocks, approx = more.length, blocks[:first] + more.blocks, match.length
-    if passages is None or not placed:
-        return Lookup(matched, approx, blocks, None, None, [], placed)
-    prefix = passages.prefix(tokens[: max(placed[0].offset, 0)] if own_prefix else [])
+    if passages is None or not (placed or new):
+        return Lookup(matched, approx, blocks, None, None, [], placed, new)
+    first = (placed or new)[0].offset  # the prefix is what the known passages follow
+    prefix = passages.prefix(tokens[: max(first, 0)] if own_prefix else [])
     sources: list[Prefix | None] = [None] * len(placed)
     kvs: list[LayerKV | None] = [None] * len(placed)
     wanted = after_exact(placed, len(tokens), matched)
     found = passages.find(prefix, [placed[i].tokens for i in wanted])
     for i, (source, kv) in zip(wanted, found):
         sources[i], kvs[i] = source, kv
-    return Lookup(matched, approx, blocks, prefix, sources, kvs, placed)
+    return Lookup(matched, approx, blocks, prefix, sources, kvs, placed, new)

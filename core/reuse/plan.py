@@ -49,6 +49,7 @@ class Plan:
     approx_from: int | None = None
     short: bool = False  # passages too short to reuse (SHORT_PASSAGE): never encoded alone
     why: str = ""  # the policy's reason for the route, in words
+    new: tuple[tuple[int, ...], ...] = ()  # text to encode as passages after the answer
 
     @property
     def foreign(self) -> int:

@@ -91,11 +91,12 @@ class ReusePolicy:
 
     def deferred(self, plan: Plan, recurring: bool) -> list[tuple[int, ...]]:
         """Passages to encode after the answer: those a plainly prefilled prompt has no
-        variant of under its own prefix and, for a layout that recurs (``recurring``), its
-        own variants of those it borrowed from another prefix."""
-        later = []
+        variant of under its own prefix, the paragraphs of a prompt without markers that
+        are new to the cache (``plan.new``) and, for a layout that recurs
+        (``recurring``), its own variants of those it borrowed from another prefix."""
+        later = list(plan.new)
         if plan.route != "reuse" and not plan.short:
-            later = [p.tokens for p in plan.passages if p.source != plan.prefix]
+            later += [p.tokens for p in plan.passages if p.source != plan.prefix]
         borrowed = plan.foreign_passages if recurring else []
         return list(dict.fromkeys(later + borrowed))
 

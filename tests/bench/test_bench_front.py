@@ -84,3 +84,30 @@ def test_a_completion_prompt_is_the_layout_without_a_template(tokenizer) -> None
     assert isinstance(text, str) and "<|im_start|>" not in text and text.endswith("\nAnswer:")
     marker = head.index("\u27e6")  # the placeholder passage's marker
     assert text.startswith(head[:marker]) and text.index("First doc.") >= marker
+
+
+def test_a_plain_cell_sends_the_same_text_without_markers(
+    tiny_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``--marks marked,plain``: each main cell twice, the second as a client that cannot
+    send markers; warmed passages are found by content there too."""
+    from kvboost_rag.core.prompt.chunker import CLOSE, OPEN
+
+    args = ["--quick", "--dtype", "float32", "--model", str(tiny_dir), "--out", str(tmp_path)]
+    front.main([*args, "--systems", "marks", "--tasks", "fact", "--marks", "marked,plain"])
+    report = json.loads((tmp_path / "front-marks-float32.json").read_text())
+    marked, plain = (
+        report["cells"]["fact 1k format_passages all"],
+        report["cells"]["fact 1k format_passages all plain"],
+    )
+    assert plain["median_prompt_tokens"] == marked["median_prompt_tokens"]  # the same prompts
+    reused = [c["systems"]["prompt+shared r<=0.40"] for c in (marked, plain)]
+    assert [r["passages_missed"] for r in reused] == [0, 0]
+    assert reused[0]["reuse_pct"] == reused[1]["reuse_pct"] > 0  # placed alike, reused alike
+    query = front.tasks.Query(["First doc."], "Which doc?", "")
+    text = front.tasks.prompt(None, "needle", "numbered", query, form="completion")
+    assert front.tasks.unmarked(text) == text.replace(OPEN, "").replace(CLOSE, "")
+    assert OPEN not in str(
+        front.tasks.unmarked(front.tasks.prompt(None, "fact", "numbered", query))
+    )

@@ -87,6 +87,9 @@ SYSTEM_SETS["real"] = [
     "prompt+deviation r=0.25",
     "prompt+shared r<=0.40",
 ]
+# Issue 47: the default (balanced) with passages marked and found by content alone
+# (``--marks marked,plain``), beside the exact prefix cache.
+SYSTEM_SETS["marks"] = ["exact prefix cache", "prompt+shared r<=0.40"]
 # The foreign-prefix scenario: each fidelity level with each prefix_fallback.
 FOREIGN = {
     f"{level}, {fallback}": {"fidelity": level, "prefix_fallback": fallback}

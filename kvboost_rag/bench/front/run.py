@@ -199,7 +199,9 @@ def run(
     cells: dict[str, Any] = {}
     for i, cell in enumerate(todo):
         engines = foreign if cell.warm == "foreign" else main
-        cells[cell.name] = run_cell(base, engines, cell, work, i)
+        twin = replace(cell, marks="marked")  # a plain cell asks its marked twin's queries
+        seed = todo.index(twin) if twin in todo else i
+        cells[cell.name] = run_cell(base, engines, cell, work, seed)
         print_cell(cells[cell.name])
     report: dict[str, Any] = {"plan": asdict(plan), "systems": options, "cells": cells}
     report["options"] = {n: OPTIONS[n] for n in main} | {n: FOREIGN[n] for n in foreign}
