@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -191,27 +191,22 @@ def tokenize_segments(
 ) -> TokenizedPrompt:
     """The segments' plain text tokenized whole after ``prefix`` (e.g. BOS), as
     ``generate`` sees it, with each marked passage (piece) placed where its text is."""
-    pieces = list(_pieces(segments, tokenizer, max_passage_tokens))
-    text = "".join(piece for _, piece in pieces)
+    pieces = _pieces(segments, tokenizer, max_passage_tokens)
+    text = "".join(piece for _, piece, _ in pieces)
     ids, offsets = _with_offsets(tokenizer, text)
     tokens = list(prefix) + ids
     stream = as_array(tokens)
-    marked, cursor = [], 0
-    for kind, piece in pieces:
-        if kind == "passage":
-            marked.append((piece, cursor, cursor + len(piece)))
-        cursor += len(piece)
-    owns = passage_ids([piece for piece, _, _ in marked], tokenizer)
     placed: list[Placed] = []
-    after = len(prefix)  # passages are placed in order, each after the one before
-    for own, (_, begin, stop) in zip(owns, marked):
-        if not own:
+    cursor, after = 0, len(prefix)  # passages are placed in order, each after the one before
+    for kind, piece, own in pieces:
+        begin, cursor = cursor, cursor + len(piece)
+        if kind != "passage" or not own:
             continue
         if offsets is None:  # a tokenizer without offsets: searched from the last one on
             lo, hi = after, len(tokens)
         else:
             lo = max(len(prefix) + bisect.bisect_right(offsets[1], begin), after)
-            hi = len(prefix) + bisect.bisect_left(offsets[0], stop)
+            hi = len(prefix) + bisect.bisect_left(offsets[0], cursor)
         spot = place(stream, own, lo, hi)
         if spot is not None:
             placed.append(spot)
@@ -230,7 +225,9 @@ def passage_texts(
     segments: Sequence[Segment], tokenizer: Any, max_passage_tokens: int
 ) -> list[str]:
     """The text of every passage piece of ``segments`` (long passages split)."""
-    return [t for kind, t in _pieces(segments, tokenizer, max_passage_tokens) if kind == "passage"]
+    return [
+        t for kind, t, _ in _pieces(segments, tokenizer, max_passage_tokens) if kind == "passage"
+    ]
 
 
 def _with_offsets(
@@ -249,20 +246,28 @@ def _with_offsets(
 
 def _pieces(
     segments: Sequence[Segment], tokenizer: Any, max_passage_tokens: int
-) -> Iterator[tuple[str, str]]:
-    """``(kind, text)`` of every piece: a long passage becomes sentence-aligned pieces, the
-    whitespace between them fixed text, as if each piece had been marked alone."""
+) -> list[tuple[str, str, list[int]]]:
+    """``(kind, text, own token ids)`` of every piece (ids for passages only): a long
+    passage becomes sentence-aligned pieces, the whitespace between them fixed text, as if
+    each piece had been marked alone."""
     passages = [s.text for s in segments if s.kind == "passage"]
-    counts = iter([len(ids) for ids in passage_ids(passages, tokenizer)])
+    owns = iter(passage_ids(passages, tokenizer))
+    out: list[tuple[str, str, list[int]]] = []
     for segment in segments:
-        if segment.kind == "text" or next(counts) <= max_passage_tokens:
-            yield segment.kind, segment.text
+        if segment.kind == "text":
+            out.append(("text", segment.text, []))
+            continue
+        own = next(owns)
+        if len(own) <= max_passage_tokens:
+            out.append(("passage", segment.text, own))
             continue
         for piece in split_passage(segment.text, tokenizer, max_passage_tokens):
             lead, core, trail = edges(piece)
             for kind, text in (("text", lead), ("passage", core), ("text", trail)):
                 if text:
-                    yield kind, text
+                    ids = _ids(tokenizer, text) if kind == "passage" else []
+                    out.append((kind, text, ids))
+    return out
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:

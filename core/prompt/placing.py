@@ -67,22 +67,24 @@ def place(
     head_ok: Callable[[int, int], bool] | None = None,
 ) -> Placed | None:
     """The passage ``own`` placed in ``stream[lo:hi]``: the longest run found by starting
-    at each of its first ``HEAD_SLACK + 1`` tokens (an earlier start wins a tie). A run
+    at each of its first ``HEAD_SLACK + 1`` tokens (an earlier start wins a tie; a run
+    missing no more than ``HEAD_SLACK`` tokens at either end is taken at once). A run
     starting at its token ``f > 0`` needs ``head_ok(position, f)``: that the prompt spells
     its first ``f`` tokens just before ``position`` (a caller that knows it, because the
     passage was marked there, passes None). None when no run is found."""
     best: Placed | None = None
+    mine = np.asarray(own, dtype=np.int64)
     window = stream[lo:hi]
     for first in range(min(HEAD_SLACK + 1, len(own))):
-        hits = np.flatnonzero(window == own[first])
+        hits = np.flatnonzero(window == mine[first])
         for hit in hits[:64]:  # a token repeated more often than this is no anchor
             at = lo + int(hit)
-            end = min(run_at(stream, own, at, first), hi)
+            end = min(run_at(stream, mine, at, first), hi)
             if best is not None and end - at <= best.end - best.start:
                 continue
             if first and head_ok is not None and not head_ok(at, first):
                 continue
             best = Placed(tuple(own), at, end, first)
-            if best.whole:
+            if end - at >= len(own) - first - HEAD_SLACK:  # all but a merged edge
                 return best
     return best
