@@ -27,7 +27,7 @@ class Family:
     tiny: dict[str, Any]
 
 
-_TINY = dict(
+TINY = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=3,
@@ -79,7 +79,7 @@ def family_model(name: str) -> torch.nn.Module:
     path = family_path(name)
     config = AutoConfig.from_pretrained(path)
     layers = getattr(config, "layer_types", None)  # one per layer where the family says
-    tiny = {**_TINY, **({"layer_types": layers[:3]} if layers else {}), **FAMILIES[name].tiny}
+    tiny = {**TINY, **({"layer_types": layers[:3]} if layers else {}), **FAMILIES[name].tiny}
     for key, value in tiny.items():
         setattr(config, key, value)
     torch.manual_seed(0)

