@@ -13,12 +13,16 @@ from kvboost_rag.core.prompt.chunker import (
     TokenizedPrompt,
     format_passages,
     parse_segments,
+    passage,
     passage_ids,
     passage_texts,
     tokenize_segments,
 )
 from kvboost_rag.core.tools.formats import Tool, ToolFormat, format_for
 from kvboost_rag.core.tools.template import render_chat
+
+# What stands for the passages after a prefix given as text: a word, as passages begin.
+_PLACEHOLDER = "Text"
 
 # {"role", "content"}; assistant messages may carry "tool_calls", tool results
 # "tool_call_id" / "name" (see core/tools/template.py).
@@ -60,11 +64,17 @@ class PromptEncoder:
         return pieces
 
     def prefix(self, spec: str | Sequence[Message]) -> list[int]:
-        """The tokens before the first passage of ``spec``: a completion prompt (all of it
-        when it marks no passage) or chat messages that mark where passages go."""
+        """The tokens before the first passage of ``spec``: a completion prompt (when it
+        marks no passage, the passages follow all of it) or chat messages that mark where
+        passages go. Tokenized as the prompt will be, with a passage after it: a tokenizer
+        may spell the text's end otherwise when more follows (SmolLM2 splits a blank line
+        before a word into two newline tokens)."""
         if isinstance(spec, str):
+            segments = _parse(spec)
+            if not any(s.kind == "passage" for s in segments):
+                segments = _parse(spec + passage(_PLACEHOLDER))
             prompt = tokenize_segments(
-                _parse(spec), self.tokenizer, self.special_prefix, self.max_passage_tokens
+                segments, self.tokenizer, self.special_prefix, self.max_passage_tokens
             )
         elif isinstance(spec, (list, tuple)):
             prompt = self.chat(spec)

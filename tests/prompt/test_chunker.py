@@ -118,3 +118,15 @@ def test_split_pieces_keep_no_edge_whitespace(tokenizer) -> None:
     assert tokenizer.decode(out.tokens) == text
     pieces = [tokenizer.decode(p.tokens) for p in out.passages]
     assert all(p == p.strip() and p.endswith(".") for p in pieces)
+
+
+def test_a_text_prefix_is_tokenized_as_a_prompt_holds_it(tokenizer) -> None:
+    """SmolLM2 spells a blank line as one token at the end of a text, as two before a word:
+    the prefix passages are warmed after is the prompt's own."""
+    from kvboost_rag.core.prompt.prompts import PromptEncoder, before_passages
+
+    encoder = PromptEncoder(tokenizer, context_window=4096, max_passage_tokens=512)
+    head = "Answer from these notes.\n\n"
+    assert tokenizer(head)["input_ids"][-1:] != tokenizer(head + "The")["input_ids"][-3:-2]
+    prompt = encoder.text(head + passage("The Eiffel Tower is in Paris.") + "\n\nWhere?")
+    assert encoder.prefix(head) == before_passages(prompt)
