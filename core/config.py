@@ -9,6 +9,7 @@ from typing import Literal, TypeVar, get_args
 
 import torch
 
+from kvboost_rag.core.field_types import check_field_types
 from kvboost_rag.core.reuse.repair import STRATEGIES, RepairSettings
 from kvboost_rag.core.store.codec import CODECS
 from kvboost_rag.core.store.redis_client import check_url
@@ -164,6 +165,7 @@ class KVBoostConfig:
     remember_measurements: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # first: the range checks below compare values of its types
         check_fidelity(self.fidelity)
         _check_choice("passage_prefix", self.passage_prefix, PassagePrefix)
         _check_choice("prefix_fallback", self.prefix_fallback, PrefixFallback)
@@ -221,6 +223,8 @@ class KVBoostConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_choice("compiled_step", self.compiled_step, CompiledStepChoice)
+        if self.cache_dir is not None and not str(self.cache_dir):
+            raise ValueError('cache_dir must be a folder, got "" (pass "." for this one)')
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
