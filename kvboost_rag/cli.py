@@ -122,7 +122,7 @@ def warm_folder(args: argparse.Namespace) -> None:
         + (f"; skipped {skipped} files (warned above)" if skipped else "")
     )
     stats = engine.stats()
-    if args.cache_dir is not None and stats.disk is None:
+    if "disk" in report.failed:
         raise CommandFailed(f"nothing was stored in {args.cache_dir}: it cannot hold a cache")
     if stats.disk is not None:
         print(
@@ -136,7 +136,7 @@ def warm_folder(args: argparse.Namespace) -> None:
             f"({remote.written_bytes / 2**20:.0f} MiB), {remote.skipped} already there or "
             f"skipped, {remote.errors} errors"
         )
-        if remote.errors or not remote.available:
+        if "remote" in report.failed:  # the report's verdict, as warm_corpus callers read it
             raise CommandFailed(
                 f"the shared tier {remote.url} failed ({remote.errors} errors): the corpus is "
                 "not all stored there; rerun once it answers (what is there is kept)"
