@@ -186,3 +186,51 @@ def test_every_level_is_measured_as_the_code_runs_it() -> None:
     for model in tables.RECORDS:
         for name in FIDELITY_LEVELS:
             assert level(model, name)["kept"][1] > 0
+
+
+def _backoff() -> tuple[str, str]:
+    from kvboost_rag.core.store.backoff import Backoff
+
+    return f"{Backoff().first:g}", f"{Backoff().longest:g}"
+
+
+def _short_passage() -> tuple[str]:
+    from kvboost_rag.core.reuse.plan import SHORT_PASSAGE
+
+    return (str(SHORT_PASSAGE),)
+
+
+def _default(name: str, scale: float = 1) -> Callable[[], tuple[str]]:
+    from kvboost_rag import KVBoostConfig
+
+    return lambda: (f"{getattr(KVBoostConfig(), name) / scale:g}",)
+
+
+# (page, a default the page states, as a pattern whose groups are its numbers, the code's)
+DEFAULTS: list[tuple[str, str, Callable[[], tuple[str, ...]]]] = [
+    ("docs/guides/storage.md", r"back-off \(([\d.]+) s doubling to ([\d.]+) s\)", _backoff),
+    ("docs/guides/troubleshooting.md", r"back-off \(([\d.]+) s doubling to ([\d.]+) s\)", _backoff),
+    (
+        "docs/guides/storage.md",
+        r"`remote_timeout` \(([\d.]+) s\) in all",
+        _default("remote_timeout"),
+    ),
+    ("docs/guides/storage.md", r"max_disk_bytes=(\d+) GiB\)", _default("max_disk_bytes", 1024**3)),
+    ("README.md", r"short passages \(under (\d+) tokens on average\)", _short_passage),
+    (
+        "docs/guides/fidelity.md",
+        r"short passages \(fewer than (\d+) tokens on average\)",
+        _short_passage,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "page, claim, value", DEFAULTS, ids=[f"{d[0]}:{i}" for i, d in enumerate(DEFAULTS)]
+)
+def test_a_stated_default_is_the_codes(page: str, claim: str, value: Callable) -> None:
+    found = re.findall(claim, folded(page))
+    assert found, f"{page} no longer says: {claim}"
+    for numbers in found:
+        said = (numbers,) if isinstance(numbers, str) else tuple(numbers)
+        assert said == value(), f"{page} says {said}, the code {value()}"
