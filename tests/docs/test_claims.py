@@ -195,9 +195,9 @@ def _backoff() -> tuple[str, str]:
 
 
 def _short_passage() -> tuple[str]:
-    from kvboost_rag.core.reuse.plan import SHORT_PASSAGE
+    from conftest import RULE_SHORT_PASSAGE  # the engine's rule, read before tests patch it
 
-    return (str(SHORT_PASSAGE),)
+    return (str(RULE_SHORT_PASSAGE),)
 
 
 def _default(name: str, scale: float = 1) -> Callable[[], tuple[str]]:
