@@ -9,6 +9,7 @@ from typing import Literal, TypeVar, get_args
 
 import torch
 
+from kvboost_rag.core.field_types import check_field_types
 from kvboost_rag.core.reuse.repair import STRATEGIES, RepairSettings
 from kvboost_rag.core.store.codec import CODECS
 from kvboost_rag.core.store.redis_client import check_url
@@ -17,8 +18,8 @@ from kvboost_rag.core.tools.formats import FORMATS
 T = TypeVar("T")
 SECRET_ENV = "KVBOOST_CACHE_SECRET"
 
-# "exact": prefix cache only, bit-faithful; "balanced": passage reuse with a measured
-# repair; "fast": passage reuse without repair. The one list of levels.
+# "exact": prefix cache only, bit-faithful; "balanced": passage reuse with the "shared"
+# repair; "fast": passage reuse without repair (FIDELITY_REPAIR). The one list of levels.
 Fidelity = Literal["exact", "balanced", "fast"]
 FIDELITY_LEVELS: tuple[str, ...] = get_args(Fidelity)
 
@@ -50,8 +51,9 @@ class KVBoostConfig:
     Raises ``ValueError`` on construction when a field is out of range.
     """
 
-    # "exact": prefix cache only, output identical to full prefill.
-    # "balanced" / "fast": passage reuse at any position (more repair / less repair).
+    # "exact": prefix cache only, output identical to full prefill. "balanced": passage
+    # reuse at any position with the "shared" repair; "fast": passage reuse without repair
+    # (FIDELITY_REPAIR below; what each keeps: the README's and the fidelity guide's table).
     fidelity: Fidelity = "balanced"
     # Byte budget of the in-memory KV store; least recently used entries go first.
     max_cache_bytes: int = 2 * 1024**3
@@ -64,20 +66,22 @@ class KVBoostConfig:
     # (see FIDELITY_REPAIR). One of kvboost_rag.core.reuse.repair.STRATEGIES.
     repair: str | None = None
     # Share of reused passage tokens recomputed by the "deviation", "query" and "passage"
-    # strategies; None takes the fidelity level's default.
+    # strategies; for "shared", the share past which it recomputes every reused token. None
+    # takes the fidelity level's default.
     recompute_ratio: float | None = None
     # "query" only: an adaptive ratio. Recompute the fewest top tokens holding this share of
     # the attention the question pays to reused tokens, at most ``recompute_ratio`` of
     # them; None recomputes ``recompute_ratio`` always.
     recompute_mass: float | None = None
-    # Leading tokens of each reused passage recomputed by the "edges" strategy.
+    # Leading tokens of each reused passage recomputed by the "edges" and "shared"
+    # strategies.
     edge_tokens: int | None = None
     # Decoder layers the "deviation" / "query" strategies probe to choose tokens: deviation
     # compares layer ``probe_layers - 1``'s values (the layers before it run, then only its
     # key and value projections); query sums the question's attention over the first
     # ``probe_layers``. None takes the fidelity level's depth when ``repair`` is the level's
-    # own strategy (balanced: deviation at 2), else the strategy's own (deviation: 2, query:
-    # 8).
+    # own strategy (neither level probes: "shared" and "none" run no model to choose), else
+    # the strategy's own (deviation: 2, query: 8).
     probe_layers: int | None = None
     # Passages longer than this split into sentence-aligned pieces, each cached alone.
     max_passage_tokens: int = 512
@@ -164,6 +168,7 @@ class KVBoostConfig:
     remember_measurements: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # first: the range checks below compare values of its types
         check_fidelity(self.fidelity)
         _check_choice("passage_prefix", self.passage_prefix, PassagePrefix)
         _check_choice("prefix_fallback", self.prefix_fallback, PrefixFallback)
@@ -221,6 +226,8 @@ class KVBoostConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_choice("compiled_step", self.compiled_step, CompiledStepChoice)
+        if self.cache_dir is not None and not str(self.cache_dir):
+            raise ValueError('cache_dir must be a folder, got "" (pass "." for this one)')
         for name in ("max_passage_tokens", "encode_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -25,6 +25,7 @@ from kvboost_rag.core.model import measurements
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
+    check_attn_implementation,
     check_device,
     check_dtype,
     default_dtype,
@@ -396,3 +397,4 @@ def _check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
         )
     if "torch_dtype" in model_kwargs:
         raise TypeError("pass dtype= (torch_dtype is transformers' old name for it)")
+    check_attn_implementation(model_kwargs.get("attn_implementation"))

@@ -22,7 +22,7 @@ from kvboost_rag.core.generation.result import GenerationResult, Timings
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.speculation import PromptLookup
-from kvboost_rag.core.generation.streaming import cut_at_stop
+from kvboost_rag.core.generation.streaming import complete, cut_at_stop
 from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.reuse.assemble import RowKV
@@ -145,6 +145,7 @@ class RequestPath:
         """What the caller gets once ``request`` has ended."""
         ids = request.generated if request.feed is None else []
         text, stopped = cut_at_stop(self.decode(ids), request.sampling.stop)
+        text = complete(text)  # an answer cut inside a character ends before it
         plan, context = request.plan, request.context
         reused = context.reused if context is not None else 0
         hits = (

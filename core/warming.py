@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import ContextWindowError
 from kvboost_rag.core.generation.executor import Executor
@@ -23,6 +24,7 @@ from kvboost_rag.core.model.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.reuse.assemble import PassageReuse
 from kvboost_rag.core.reuse.caches import Caches
+from kvboost_rag.core.store.tiers import CacheStats
 
 
 class Warmer:
@@ -44,10 +46,19 @@ class Warmer:
 
     def warm(self, text: str) -> WarmResult:
         """Prefill ``text`` and cache it as an exact prefix of later prompts (written
-        through to ``cache_dir`` when set)."""
+        through to ``cache_dir`` when set; on disk when it returns)."""
         start = time.perf_counter()
+        before = self._caches.store.stats()
         tokens = self._prompts.text(text).tokens
-        return WarmResult(1, *self._warm_exact(tokens), time.perf_counter() - start)
+        units, count, cached, new, nbytes = self._warm_exact(tokens)
+        self._caches.store.flush()
+        keys = self._caches.exact.keys(tokens)  # the full blocks; the partial last is newest
+        dropped = len(keys) - sum(self._caches.store.contains_many(keys))
+        self._warn_dropped(dropped, units, "prefix blocks", nbytes)
+        held = nbytes - dropped * self.config.block_tokens * (nbytes // max(count, 1))
+        seconds = time.perf_counter() - start
+        failed = self._failed_tiers(before)
+        return WarmResult(1, units, count, cached, new, held, seconds, 0, dropped, failed)
 
     def _warm_exact(self, tokens: list[int]) -> tuple[int, int, int, int, int]:
         """Cache ``tokens`` as an exact prefix: its units (blocks, the partial last one
@@ -94,16 +105,20 @@ class Warmer:
         ``progress`` is called with the number of pieces done as batches finish. ``names``:
         what errors call each text (default ``texts[i]``). Returns once the KV is on disk
         too, with the passages' counts: a piece given twice is one unit, counted once (the
-        head's blocks are not counted). Raises ``ValueError`` for a ``batch_size`` that is
+        head's blocks are not counted), checked against the tiers' own stats: ``bytes`` of
+        what they hold then, ``dropped`` units they do not (warned), ``failed`` tiers. A
+        text that is empty or only whitespace is skipped with a warning naming it
+        (``skipped``). Raises ``ValueError`` for a ``batch_size`` that is
         not a positive int, ``ContextWindowError`` naming the first text with a piece that
         does not fit the context window after the prefix.
         """
         reuse = self._passage_reuse_on()
         _check_batch_size(batch_size)
         start = time.perf_counter()
+        before = self._caches.store.stats()
         head = self._head(prefix)
         conditioning = reuse.cache.prefix(head)
-        found = self._fitting_pieces(texts, names, len(conditioning.tokens))
+        found, skipped = self._fitting_pieces(texts, names, len(conditioning.tokens))
         pieces = list(dict.fromkeys(map(tuple, found)))  # a passage given twice is one entry
         if head:  # the prompts' own head, so their first request reuses it too
             self._warm_exact(head)
@@ -111,16 +126,49 @@ class Warmer:
             conditioning, pieces, batch_size=batch_size, progress=progress, run=self._encode
         )
         self._caches.store.flush()  # warmed means on disk, for every process
-        documents = 1 if isinstance(texts, str) else len(texts)
+        keys = [reuse.cache.key(conditioning, piece) for piece in pieces]
+        held = self._caches.store.contains_many(keys)
+        sizes = [kv_nbytes(kv) for kv in fetched.kv]
+        self._warn_dropped(held.count(False), len(pieces), "passages", sum(sizes))
         return WarmResult(
-            documents,
-            len(pieces),
-            sum(map(len, pieces)),
-            fetched.hits,
-            fetched.encoded,
-            sum(kv_nbytes(kv) for kv in fetched.kv),
-            time.perf_counter() - start,
+            documents=1 if isinstance(texts, str) else len(texts),
+            units=len(pieces),
+            tokens=sum(map(len, pieces)),
+            cached=fetched.hits,
+            new=fetched.encoded,
+            bytes=sum(size for size, there in zip(sizes, held) if there),
+            seconds=time.perf_counter() - start,
+            skipped=skipped,
+            dropped=held.count(False),
+            failed=self._failed_tiers(before),
         )
+
+    def _warn_dropped(self, dropped: int, units: int, what: str, nbytes: int) -> None:
+        """A warning when the tiers hold fewer than all ``units`` a warm made: its KV did
+        not fit their budgets, so LRU evicted the oldest again (issue 48: a 3.5 GB warm
+        into the 2 GiB memory tier reported success)."""
+        if not dropped:
+            return
+        budgets = f"max_cache_bytes={self.config.max_cache_bytes}"
+        if self._caches.store.disk is not None:
+            budgets += f", max_disk_bytes={self.config.max_disk_bytes}"
+        more = "raise them" if self._caches.store.disk else "raise it or set cache_dir"
+        warn(
+            f"kvboost-rag: {dropped} of the {units} {what} this warm made are not cached when "
+            f"it returns: their {nbytes} bytes of KV are more than the tiers hold ({budgets}), "
+            f"so the oldest were evicted again; {more}, or warm less"
+        )
+
+    def _failed_tiers(self, before: CacheStats) -> tuple[str, ...]:
+        """The tiers that did not store this warm, by their own stats since ``before``."""
+        after = self._caches.store.stats()
+        failed = []
+        if self.config.cache_dir is not None and after.disk is None:
+            failed.append("disk")  # cache_dir could not hold a cache: warned when opened
+        if after.remote is not None and before.remote is not None:
+            if after.remote.errors > before.remote.errors or not after.remote.available:
+                failed.append("remote")
+        return tuple(failed)
 
     def _encode(self, encode: Callable[[], list[LayerKV]]) -> list[LayerKV]:
         def job() -> list[LayerKV]:
@@ -131,9 +179,11 @@ class Warmer:
 
     def _fitting_pieces(
         self, texts: Sequence[str] | str, names: Sequence[str] | None, prefix_tokens: int
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], int]:
         """Every text's pieces, each text tokenized alone so that one that cannot be
-        encoded after ``prefix_tokens`` tokens, or holds no passage, is named."""
+        encoded after ``prefix_tokens`` tokens is named; and how many texts were skipped
+        with a warning for holding no passage (empty or only whitespace: as the CLI skips
+        such a file, rather than failing the whole warm)."""
         if isinstance(texts, str):  # a prompt: its marked passages
             groups: list[Sequence[str] | str] = [texts]
             names = names or ["a passage of the prompt"]
@@ -142,13 +192,15 @@ class Warmer:
             names = names or [f"texts[{i}]" for i in range(len(texts))]
         assert len(names) == len(groups), "one name per text"
         pieces: list[list[int]] = []
+        skipped = 0
         for group, name in zip(groups, names):
             own = self._text_pieces(group, name, prefix_tokens)
             if not own and not isinstance(group, str):  # a prompt may mark no passage
                 what = "empty" if not group[0] else "only whitespace"
-                raise ValueError(f"{name} is {what}: it holds no passage to warm; leave it out")
+                warn(f"kvboost-rag: skipping {name}: it is {what} (no passage to warm)")
+                skipped += 1
             pieces += own
-        return pieces
+        return pieces, skipped
 
     def _text_pieces(
         self, group: Sequence[str] | str, name: str, prefix_tokens: int

@@ -23,7 +23,7 @@ from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import MAX_SEED, SamplingOptions
 from kvboost_rag.core.model import openmp
 from kvboost_rag.core.prompt.chunker import format_passages, split_passage
-from kvboost_rag.documents import document_text
+from kvboost_rag.documents import document_texts
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -143,7 +143,7 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
 def documents_as_passages(documents: Sequence[Any]) -> str:
     """Documents (strings, LangChain Documents, LlamaIndex nodes) as marked passages, laid
     out as ``format_passages`` lays them out."""
-    return format_passages([document_text(doc, i) for i, doc in enumerate(documents)])
+    return format_passages(document_texts(documents))
 
 
 def split_into_units(text: str, tokenizer: Any, max_passage_tokens: int) -> list[str]:

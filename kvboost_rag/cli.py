@@ -3,19 +3,21 @@
 
 Exit status 0 when the command did its job, 2 for bad usage (a wrong option or value, a
 model or folder that is not there: one line on stderr, nothing started), 1 when it ran and
-failed (a write that did not reach the disk or the shared tier). Warnings are one line each.
+failed (a write that did not reach the disk or the shared tier), 130 when Ctrl-C stopped
+it (one line, at once). Warnings are one line each.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from kvboost_rag import model_commands
 from kvboost_rag.arguments import (
@@ -32,6 +34,7 @@ from kvboost_rag.arguments import (
 )
 
 PROG = "kvboost-rag"
+SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
 
 
 class CommandFailed(Exception):
@@ -122,7 +125,7 @@ def warm_folder(args: argparse.Namespace) -> None:
         + (f"; skipped {skipped} files (warned above)" if skipped else "")
     )
     stats = engine.stats()
-    if args.cache_dir is not None and stats.disk is None:
+    if "disk" in report.failed:
         raise CommandFailed(f"nothing was stored in {args.cache_dir}: it cannot hold a cache")
     if stats.disk is not None:
         print(
@@ -136,7 +139,7 @@ def warm_folder(args: argparse.Namespace) -> None:
             f"({remote.written_bytes / 2**20:.0f} MiB), {remote.skipped} already there or "
             f"skipped, {remote.errors} errors"
         )
-        if remote.errors or not remote.available:
+        if "remote" in report.failed:  # the report's verdict, as warm_corpus callers read it
             raise CommandFailed(
                 f"the shared tier {remote.url} failed ({remote.errors} errors): the corpus is "
                 "not all stored there; rerun once it answers (what is there is kept)"
@@ -178,11 +181,34 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command ``argv`` (default ``sys.argv[1:]``); exits with a non-zero status
     (``SystemExit``) when it was misused (2) or failed (1)."""
     argv = sys.argv[1:] if argv is None else argv
-    with warnings.catch_warnings():
-        warnings.showwarning = _show_warning  # one line each, without the source line
-        status = _run(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # one line each, without the source line
+            status = _run(argv)
+    except KeyboardInterrupt:
+        _interrupted(argv)
     if status:
         raise SystemExit(status)
+
+
+# What a command interrupted by Ctrl-C leaves behind, said with the one line it prints.
+AFTER_INTERRUPT = {"warm": "what was stored is kept (rerun to resume)"}
+
+
+def _interrupted(argv: list[str]) -> NoReturn:
+    """Ctrl-C: one line on stderr and exit status 130 (128 + SIGINT), at once. The process
+    ends here without joining the engine's threads or flushing its queued writes: a warm
+    went on encoding and writing for ~10 s after the signal, then printed a traceback
+    (issue 48). Nothing starts after the signal; each entry on disk or in Redis lands
+    whole (atomic writes, stale temporary files removed at the next start), so a rerun
+    resumes from what was stored."""
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    prog = f"{PROG} {command}".strip()
+    after = AFTER_INTERRUPT.get(command)
+    sys.stdout.flush()
+    # On a line of its own: a progress bar leaves its line open.
+    print(f"\n{prog}: interrupted" + (f": {after}" if after else ""), file=sys.stderr, flush=True)
+    os._exit(SIGINT_STATUS)
 
 
 def _run(argv: list[str]) -> int:

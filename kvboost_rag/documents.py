@@ -4,9 +4,10 @@ framework adapters (a layer below both, so neither imports the other for it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.prompt.chunker import MarkerError, passage
 
 # Where passages go in a prefix given as a template or a layout: one marked passage, as the
@@ -27,8 +28,24 @@ def document_list(documents: Iterable[Any]) -> list[Any]:
     return list(documents)
 
 
+def document_texts(documents: Sequence[Any]) -> list[str]:
+    """The texts of ``documents`` that hold a passage (``document_text``): one that is
+    empty or only whitespace is skipped with a warning naming it, as ``warm_corpus`` and
+    the CLI's ``warm`` skip it."""
+    texts = []
+    for i, doc in enumerate(documents):
+        text = document_text(doc, i)
+        if text.strip():
+            texts.append(text)
+            continue
+        what = "empty" if not text else "only whitespace"
+        warn(f"kvboost-rag: skipping {document_label(doc, i, text)}: it is {what}")
+    return texts
+
+
 def document_text(doc: Any, index: int) -> str:
-    """The text of one document: a str, a LangChain Document or a LlamaIndex node.
+    """The text of one document: a str, a LangChain Document or a LlamaIndex node (a blank
+    one too: callers skip it with a warning, ``document_texts``).
 
     Raises ``TypeError`` or ``ValueError`` naming the document (``document_label``), why it
     cannot be a passage and what to pass instead."""
@@ -86,9 +103,6 @@ def _identity(doc: Any) -> str | None:
 def _text_problem(text: str) -> tuple[type[ValueError], str] | None:
     """Why ``text`` cannot be a passage, with the fix, and the error to raise; None when it
     can."""
-    if not text.strip():
-        what = "empty" if not text else "only whitespace"
-        return ValueError, f"is {what}: leave it out"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:

@@ -45,11 +45,14 @@ def warm_corpus(
       warmed, and prompts starting with it reuse it through ``prefix_fallback="nearest"``.
 
     With ``cache_dir`` set the KV is written through to disk. A document given twice is
-    encoded and counted once. Raises ``TypeError`` for an unknown target, one string
-    instead of a list, an unknown document or prefix, ``ValueError`` for a document that
-    cannot be a passage (empty, only whitespace, not valid Unicode, holding a passage
-    marker) and ``ContextWindowError`` for one too long to encode after the prefix: each
-    names the document (index, id, source, start of its text) and the fix.
+    encoded and counted once; one that is empty or only whitespace is skipped with a
+    warning naming it (``WarmResult.skipped``). The result is checked against the tiers'
+    own stats: ``bytes`` they hold, ``dropped`` units they could not (warned), ``failed``
+    tiers. Raises ``TypeError`` for an unknown target, one string instead of a list, an
+    unknown document or prefix, ``ValueError`` for a document that cannot be a passage (not
+    valid Unicode, holding a passage marker) and ``ContextWindowError`` for one too long to
+    encode after the prefix: each names the document (index, id, source, start of its text)
+    and the fix.
     """
     engine = KVBoost.of(target)
     documents = document_list(documents)

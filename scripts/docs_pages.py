@@ -26,6 +26,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs" / "bench"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling renderers
+
+from fidelity_tables import levels_table, workloads_table  # noqa: E402
 
 
 def _json(name: str) -> dict[str, Any]:
@@ -247,6 +250,8 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "chat-float32.json": (("docs/bench/chat.md",), chat("float32")),
     "chat-bfloat16.json": (("docs/bench/chat.md",), chat("bfloat16")),
     "KVBoostConfig": (("docs/guides/configuration.md",), config_fields),
+    "fidelity levels": (("README.md", "docs/guides/fidelity.md"), levels_table),
+    "fidelity workloads": (("docs/guides/fidelity.md",), workloads_table),
     **recorded_texts(),
 }
 

@@ -96,13 +96,23 @@ class WarmResult:
     """What one warm call did: ``warm(text)`` (a prefix), ``warm_passages(texts)`` or
     ``warm_corpus(documents)`` (passages)."""
 
-    documents: int  # texts given
+    documents: int  # texts given (skipped ones included)
     units: int  # cache entries they make: passage pieces, or prefix blocks
     tokens: int  # tokens in those units
     cached: int  # units already cached (memory or disk) before this call
     new: int  # units computed and stored by this call
-    bytes: int  # KV bytes of all the units
+    # KV bytes of the units some tier holds once the call returns (``dropped`` ones not
+    # counted): what the cache then holds of this warm
+    bytes: int
     seconds: float  # wall time of the call (on disk too, when the engine has a cache_dir)
+    skipped: int = 0  # texts left out with a warning: empty or only whitespace
+    # Units no tier holds once the call returns: more KV than max_cache_bytes (and
+    # max_disk_bytes) hold, so the oldest were evicted again; warned about
+    dropped: int = 0
+    # Tiers that did not store the warm, by their own stats: "disk" (cache_dir set but it
+    # cannot hold a cache), "remote" (the shared tier failed or was unavailable; warned
+    # about). The CLI's ``warm`` exits 1 for these. A disk write that fails raises instead.
+    failed: tuple[str, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:

@@ -19,12 +19,17 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
+def complete(text: str) -> str:
+    """``text`` without a partial last character: the replacement chars (U+FFFD) that a
+    tokenizer decodes an incomplete UTF-8 sequence at its end to, the rest of whose bytes
+    were not generated (yet, while streaming; ever, once an answer ends there)."""
+    return text.rstrip("\ufffd")
+
+
 def safe_prefix_len(text: str, stops: Sequence[str]) -> int:
     """How much of ``text`` can be shown now: hold back a tail that could start a stop
-    string, and a trailing replacement char (an incomplete UTF-8 sequence)."""
-    end = len(text)
-    if text.endswith("\ufffd"):
-        end = len(text.rstrip("\ufffd"))
+    string, and a partial last character (``complete``)."""
+    end = len(complete(text))
     for stop in stops:
         for n in range(min(len(stop) - 1, end), 0, -1):
             if text[:end].endswith(stop[:n]):

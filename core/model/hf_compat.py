@@ -90,3 +90,20 @@ def cpu_flash_attention() -> Callable[..., Any] | None:
     """torch's CPU flash-attention kernel, which returns the log-sum-exp beside the output
     (``F.scaled_dot_product_attention`` does not); None where this torch lacks it."""
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def attention_implementations() -> list[str]:
+    """The ``attn_implementation=`` names transformers' ``from_pretrained`` takes here:
+    "eager" and every registered attention (sdpa, flash and flex ones, any added through
+    ``AttentionInterface.register``), as its own check lists them."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+
+
+def is_hub_kernel(name: str) -> bool:
+    """Whether ``name`` reads as a hub kernel (``org/repo[@rev][:fn]``), which transformers
+    fetches at load time."""
+    from transformers.integrations.hub_kernels import is_kernel
+
+    return bool(is_kernel(name))

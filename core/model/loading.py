@@ -235,3 +235,24 @@ def _no_loading_bar() -> Iterator[None]:
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+
+
+def check_attn_implementation(value: object) -> None:
+    """``attn_implementation=`` checked before anything loads (transformers refuses an
+    unknown one only after the tokenizer and config loaded, from its own module): a name it
+    has, with its ``paged|`` prefix or not, or a hub kernel. Raises ``TypeError`` /
+    ``ValueError`` listing the names."""
+    from kvboost_rag.core.model.hf_compat import attention_implementations, is_hub_kernel
+
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"attn_implementation must be a str, got {type(value).__name__}")
+    names = attention_implementations()
+    if value.removeprefix("paged|") in names or is_hub_kernel(value):
+        return
+    raise ValueError(
+        f"attn_implementation {value!r} is not an attention transformers has: pass one of "
+        f"{tuple(names)} (the flash ones need flash-attn and a GPU), a hub kernel "
+        "'org/repo', or leave it out (sdpa)"
+    )

@@ -81,6 +81,11 @@ def check_url(url: str) -> None:
             "remote_url must be a redis://, rediss:// or unix:// URL (one server) or "
             f"redis-cluster://host:port[,host:port...] (a Redis Cluster), got {redact(url)!r}"
         )
+    else:
+        try:  # a port out of range or not a number, found here rather than at the first write
+            _ = urlsplit(url).port
+        except ValueError as error:
+            raise ValueError(f"remote_url {redact(url)!r}: {error}") from None
 
 
 def parse_cluster_url(url: str) -> ClusterURL:

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import atexit
 import threading
-import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.store import codec
 from kvboost_rag.core.store.memory import Entry
@@ -174,10 +174,9 @@ class RemoteStore:
         try:
             return codec.from_bytes(data, key, self.fingerprint, self._secret)
         except ValueError as error:
-            warnings.warn(
+            warn(
                 f"kvboost-rag: dropping damaged shared cache value {self.name(key).decode()} "
-                f"({error}); its KV will be recomputed",
-                stacklevel=5,
+                f"({error}); its KV will be recomputed"
             )
             self._count("corrupt")
             damaged.append(self.name(key))

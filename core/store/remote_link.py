@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.store.backoff import Backoff
 from kvboost_rag.core.store.redis_client import (
     RoundTrips,
@@ -112,10 +113,9 @@ class RemoteLink:
             if kind in self._answered:
                 return
             self._answered.add(kind)
-        warnings.warn(
+        warn(
             f"kvboost-rag: the shared KV tier at {self.url} answered an error ({message}); "
-            "such operations are skipped, the KV stays in the local tiers",
-            stacklevel=6,
+            "such operations are skipped, the KV stays in the local tiers"
         )
 
     def _groups(self, names: Sequence[bytes], write: bool, bounded: bool) -> dict[str, list[int]]:
@@ -217,11 +217,12 @@ class RemoteLink:
             if self._outage:
                 return
             self._outage = True
+        if not _OUTAGES.began(self._url, self):
+            return  # another engine's link to this tier warned of this fault
         where = self.url if node == TIER else f"{self.url} (node {node})"
-        warnings.warn(
+        warn(
             f"kvboost-rag: the shared KV tier at {where} is unavailable ({error}); "
-            "serving from local tiers, retrying in the background",
-            stacklevel=6,
+            "serving from local tiers, retrying in the background"
         )
 
     def _succeeded(self, node: str) -> None:
@@ -235,7 +236,8 @@ class RemoteLink:
             if not self._outage:  # another thread saw it end first
                 return
             self._outage = False
-        log.warning("kvboost-rag: the shared KV tier at %s is back", self.url)
+        if _OUTAGES.ended(self._url, self):
+            log.warning("kvboost-rag: the shared KV tier at %s is back", self.url)
 
     def _serving(self) -> list[Backoff]:
         """The back-offs of the nodes that serve the tier now: on a cluster, of its
@@ -256,6 +258,34 @@ class RemoteLink:
             if self._client is None:
                 self._client = open_client(self._url, self._timeout, self.round_trips)
             return self._client
+
+
+class _Outages:
+    """The links in an outage, per tier URL, over every engine of the process: engines on
+    one server (storage.md's two "machines" in one script) see one fault, one warning."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down: dict[str, weakref.WeakSet[RemoteLink]] = {}
+
+    def began(self, url: str, link: RemoteLink) -> bool:
+        """Whether ``link``'s outage is the tier's first (no live link of it is down)."""
+        with self._lock:
+            down = self._down.setdefault(url, weakref.WeakSet())
+            first = not down
+            down.add(link)
+        return first
+
+    def ended(self, url: str, link: RemoteLink) -> bool:
+        """Whether ``link`` was the last of the tier's links in an outage."""
+        with self._lock:
+            down = self._down.get(url, weakref.WeakSet())
+            down.discard(link)
+            return not down
+
+
+# Process-wide as the server is: the per-link state cannot know another engine warned.
+_OUTAGES = _Outages()
 
 
 def _execute(client: Any, command: str, args: list[tuple[bytes, ...]]) -> list[Any]:

@@ -7,10 +7,10 @@ lack, so the shared tier costs one round trip per batch, not one per entry."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.store.disk import DiskStats, DiskStore
@@ -175,9 +175,8 @@ def _disk(config: KVBoostConfig, fingerprint: bytes, secret: bytes | None) -> Di
             config.cache_dir, fingerprint, config.max_disk_bytes, config.kv_codec, secret
         )
     except OSError as error:
-        warnings.warn(
+        warn(
             f"kvboost-rag: cache_dir {str(config.cache_dir)!r} cannot hold the cache "
-            f"({error.strerror or error}); the disk tier is off: KV is kept in memory only",
-            stacklevel=4,
+            f"({error.strerror or error}); the disk tier is off: KV is kept in memory only"
         )
         return None

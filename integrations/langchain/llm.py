@@ -15,7 +15,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from kvboost_rag.core.generation.result import GenerationResult
-from kvboost_rag.documents import document_text
+from kvboost_rag.documents import document_texts
 from kvboost_rag.integrations._common import aiter_thread, concurrently, in_thread
 from kvboost_rag.integrations.langchain._fields import KVBoostFields
 
@@ -117,7 +117,7 @@ class KVBoostLLM(KVBoostFields, BaseLLM):
 
 
 def _texts(documents: list[Any]) -> list[str] | None:
-    return [document_text(d, i) for i, d in enumerate(documents)] or None
+    return document_texts(documents) or None
 
 
 def _usage(generations: list[Generation]) -> dict[str, Any]:

@@ -33,6 +33,16 @@ REFUSED = [
     ({"device": "gpu"}, ValueError, "device 'gpu' is not a torch device"),
     ({"device": 0.5}, TypeError, "device must be a str or a torch.device"),
     ({"config": {"fidelity": "fast"}}, TypeError, "config must be a KVBoostConfig"),
+    # Issue 48 row 6: transformers' own ValueError, from modeling_utils, after the
+    # tokenizer loaded.
+    (
+        {"attn_implementation": "bogus"},
+        ValueError,
+        r"attn_implementation 'bogus' is not an attention transformers has: pass one of "
+        r"\(.*'eager'.*'sdpa'.*\)",
+    ),
+    ({"attn_implementation": "SDPA"}, ValueError, "attn_implementation 'SDPA' is not"),
+    ({"attn_implementation": 2}, TypeError, "attn_implementation must be a str, got int"),
 ]
 
 
@@ -52,6 +62,22 @@ def test_from_pretrained_refuses_before_loading(
 ) -> None:
     with pytest.raises(error, match=message):
         KVBoost.from_pretrained(**{"model": tiny_model_dir, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "name", ["eager", "sdpa", "paged|eager", "flex_attention", "kernels-community/flash-attn2"]
+)
+def test_an_attention_transformers_has_passes_the_check(
+    tiny_model_dir: str, no_loading: None, name: str
+) -> None:
+    """Whatever the check lets through goes on to loading (here: the fixture's failure)."""
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        KVBoost.from_pretrained(tiny_model_dir, attn_implementation=name)
+
+
+def test_the_model_loads_with_the_attention_asked_for(tiny_model_dir: str) -> None:
+    engine = KVBoost.from_pretrained(tiny_model_dir, dtype="float32", attn_implementation="eager")
+    assert engine.model.config._attn_implementation == "eager"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")

@@ -20,6 +20,14 @@ def test_guide_python_block_runs(block, request, monkeypatch, tmp_path) -> None:
     run_python(block, request, monkeypatch, tmp_path)
 
 
+def test_every_block_that_prints_names_what_it_prints() -> None:
+    """An example is checked for its answer, not only run (issue 48: agents.md's examples
+    ran and printed '<tool_response> 84 </tool_response>' as the answer)."""
+    readme = [b for b in blocks("README.md") if b.lang == "python" and b.not_run is None]
+    silent = [b.name for b in [*PYTHON, *readme] if "print(" in b.code and not b.prints]
+    assert not silent, f"blocks that print with no '# prints: \"...\"' comment: {silent}"
+
+
 def test_every_guide_block_runs_or_says_why() -> None:
     unmarked = [b.name for b in BLOCKS if b.lang != "python" and b.not_run is None]
     assert not unmarked, f"shell or other blocks with no '<!-- not run: why -->': {unmarked}"

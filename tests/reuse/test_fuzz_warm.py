@@ -1,11 +1,12 @@
 """Property-based fuzzing (hypothesis) of warm reports against the cache's own stats: for
-any corpus (duplicates, long documents split into pieces, documents that cannot be a
-passage), any prefix (none, a prompt, chat messages) and any batch size, ``warm_corpus``
-either refuses clearly (a ``ValueError`` / ``TypeError`` from the package, nothing stored)
-or reports exactly what the memory tier then holds: its passage entries are the report's
-units and bytes, its exact-prefix entries the prompts' head; a second warm finds every unit
-cached; the first request laid out like the prefix reads every passage and the head from
-the cache. Examples per property: 40 always; 2,000 under the ``slow`` marker."""
+any corpus (duplicates, long documents split into pieces, blank documents, which are
+skipped, documents that cannot be a passage), any prefix (none, a prompt, chat messages)
+and any batch size, ``warm_corpus`` either refuses clearly (a ``ValueError`` /
+``TypeError`` from the package, nothing stored) or reports exactly what the memory tier
+then holds: its passage entries are the report's units and bytes, its exact-prefix entries
+the prompts' head; a second warm finds every unit cached; the first request laid out like
+the prefix reads every passage and the head from the cache. Examples per property: 40
+always; 2,000 under the ``slow`` marker."""
 
 from __future__ import annotations
 
@@ -75,6 +76,9 @@ def test_warm_reports_what_the_cache_holds(model, docs, prefix, batch, fidelity)
     assert report.new == report.units == len(passages)
     assert report.bytes == sum(e.nbytes for e in passages)
     assert report.tokens == sum(map(len, pieces))
+    # Blank documents are skipped, each with a warning (issue 48); nothing is dropped.
+    assert report.skipped == sum(isinstance(d, str) and not d.strip() for d in docs)
+    assert (report.dropped, report.failed) == (0, ())
     head = engine._warmer._head(prefix)
     assert len(exact) == -(-len(head) // BLOCK)  # its full blocks and the partial one
     again = warm_corpus(engine, docs, prefix=prefix, batch_size=batch, progress=False)
@@ -87,7 +91,7 @@ def test_warm_reports_what_the_cache_holds(model, docs, prefix, batch, fidelity)
     assert tuple(map(len, held(engine))) == (len(passages), len(exact))
     if prefix is None or not docs:
         return
-    first = request(engine, prefix, [d for d in docs if isinstance(d, str)])
+    first = request(engine, prefix, [d for d in docs if isinstance(d, str) and d.strip()])
     assert (first.passages_missed, first.passages_foreign) == (0, 0)
     if fidelity == "fast":  # "balanced" recomputes some passage tokens on purpose
         assert first.reused_tokens >= len(head) + report.tokens

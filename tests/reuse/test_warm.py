@@ -70,8 +70,6 @@ def test_bad_targets_and_documents(engine: KVBoost) -> None:
         warm_corpus(object(), DOCS)
     with pytest.raises(TypeError, match=r"documents\[1\] \(3\) is a int: pass strings"):
         warm_corpus(engine, ["ok", 3])
-    with pytest.raises(ValueError, match=r"documents\[0\] is empty: leave it out"):
-        warm_corpus(engine, [""])
     # Split into pieces of max_passage_tokens (512), which with BOS do not fit the window.
     with pytest.raises(ContextWindowError, match=r"documents\[0\] \('xxx.*is 513 tokens"):
         warm_corpus(engine, ["x" * 600], progress=False)
@@ -89,7 +87,6 @@ class SourcedDocument:  # LangChain's Document: an id and metadata["source"]
 REJECTED = [
     (3, TypeError, r"documents\[2\] \(3\) is a int: pass strings, LangChain"),
     (b"raw", TypeError, r"documents\[2\] \(b'raw'\) is a bytes: decode it to a str first"),
-    (" \n\t", ValueError, r"documents\[2\] is only whitespace: leave it out"),
     (
         "bad \udcff byte",
         ValueError,
@@ -97,11 +94,6 @@ REJECTED = [
         r"ter 4 is a lone surrogate .* read the file with its real encoding",
     ),
     (passage("nested"), MarkerError, r"cannot be a passage: .* contains a passage marker"),
-    (
-        SourcedDocument("", {"source": "notes/a.txt"}, id="doc-7"),
-        ValueError,
-        r"documents\[2\] \(id 'doc-7', source 'notes/a.txt'\) is empty: leave it out",
-    ),
     (
         SourcedDocument(None, {"source": "b.pdf"}),  # page_content not text: no content
         TypeError,
@@ -123,6 +115,16 @@ def test_a_rejected_document_is_named_with_the_reason(
     with pytest.raises(error, match=message):
         warm_corpus(engine, [DOCS[0], DOCS[1], document], progress=False)
     assert engine.stats().cache.entries == 0  # rejected before anything was encoded
+
+
+def test_a_skipped_blank_document_is_named_like_a_rejected_one(engine: KVBoost) -> None:
+    """Blank documents are skipped with a warning (tests/reuse/test_warm_report.py), which
+    names them as errors do."""
+    blank = SourcedDocument("", {"source": "notes/a.txt"}, id="doc-7")
+    named = r"skipping documents\[2\] \(id 'doc-7', source 'notes/a.txt'\): it is empty"
+    with pytest.warns(UserWarning, match=named):
+        report = warm_corpus(engine, [DOCS[0], DOCS[1], blank], progress=False)
+    assert (report.skipped, report.units) == (1, 2)
 
 
 def test_a_llamaindex_file_is_named_by_its_file_name(engine: KVBoost) -> None:
@@ -249,12 +251,13 @@ def test_batch_size_must_be_a_positive_int(engine: KVBoost, batch_size: object) 
 
 
 @pytest.mark.parametrize("blank", ["", "  \n\t"])
-def test_a_blank_text_is_refused_by_warm_passages_too(engine: KVBoost, blank: str) -> None:
+def test_a_blank_text_is_skipped_by_warm_passages_too(engine: KVBoost, blank: str) -> None:
     """warm_corpus refused it; engine.warm_passages warmed nothing and said nothing (found
-    by the whitespace property in tests/api/test_fuzz_api.py)."""
-    with pytest.raises(ValueError, match=r"texts\[1\] is (empty|only whitespace): it holds no"):
-        engine.warm_passages(["Fine text.", blank])
-    assert engine.stats().cache.entries == 0
+    by the whitespace property in tests/api/test_fuzz_api.py). Both skip it and say so
+    now (issue 48), as the CLI skips a blank file."""
+    with pytest.warns(UserWarning, match=r"skipping texts\[1\]: it is (empty|only whitespace)"):
+        report = engine.warm_passages(["Fine text.", blank])
+    assert (report.skipped, report.units) == (1, 1)
 
 
 def test_a_prefix_over_the_context_window_is_refused(engine: KVBoost) -> None:
