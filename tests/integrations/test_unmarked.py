@@ -166,3 +166,55 @@ def test_passages_warmed_to_disk_are_found_unmarked_by_a_later_engine(tokenizer,
     later = KVBoost(model, tokenizer, config)
     result = later.generate(f"Facts: {TEXTS[2]}\n{TEXTS[0]}\nWhich costs 6?", max_new_tokens=1)
     assert (result.passages_hit, result.passages_missed) == (2, 0)
+
+
+def keyword_embedding() -> Any:
+    """A LlamaIndex embedding that scores a text by the cities it names: two questions
+    naming different cities retrieve different notes."""
+    from llama_index.core.embeddings import BaseEmbedding
+
+    class Cities(BaseEmbedding):
+        def _vector(self, text: str) -> list[float]:
+            return [float(city in text) + 0.01 for city in CITIES]
+
+        def _get_text_embedding(self, text: str) -> list[float]:
+            return self._vector(text)
+
+        def _get_query_embedding(self, query: str) -> list[float]:
+            return self._vector(query)
+
+        async def _aget_query_embedding(self, query: str) -> list[float]:
+            return self._vector(query)
+
+    return Cities(model_name="cities")
+
+
+@pytest.mark.parametrize("mode", ["context", "condense_plus_context"])
+def test_a_chat_engine_reuses_its_history_and_its_passages(
+    engine: KVBoost, sent: Sent, mode: str
+) -> None:
+    """LlamaIndex's chat engines put the retrieved context in the system message, unmarked:
+    every turn finds the warmed note it retrieved by content (none encoded again), and in
+    the context mode a turn that retrieves the same note continues the last turn's KV (its
+    history). (condense_plus_context retrieves with the question the model rewrote: on a
+    random model, any note.)"""
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from kvboost_rag.integrations.llamaindex import KVBoostLLM
+
+    llm = KVBoostLLM(engine=engine, max_tokens=2)
+    index = VectorStoreIndex([TextNode(text=t) for t in TEXTS], embed_model=keyword_embedding())
+    warm_corpus(engine, TEXTS, progress=False)
+    chat = index.as_chat_engine(chat_mode=mode, llm=llm, similarity_top_k=1)
+    turns = []
+    for question in ("What is made in Lyon?", "What is made in Lyon, again?", "And in Perth?"):
+        chat.chat(question)
+        turns.append(sent.stats[-1])  # the answer's call (condense calls come before it)
+    assert all(t["passages_missed"] == 0 for t in turns)  # nothing encoded again
+    assert turns[0]["passages_hit"] == 1
+    if mode == "context":  # the same note: the second turn continues the first, whose
+        # KV holds the note already (the exact prefix, so no passage to find after it);
+        # another note is found by content
+        assert turns[1]["reused_tokens"] >= turns[0]["prompt_tokens"] - 1
+        assert turns[2]["passages_hit"] == 1
