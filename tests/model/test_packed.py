@@ -100,5 +100,5 @@ def test_an_unsupported_model_is_never_packed() -> None:
 
 @pytest.mark.parametrize("value", ["yes", 1, 0.5])
 def test_packed_head_takes_a_bool_or_none(value: object) -> None:
-    with pytest.raises(ValueError, match="packed_head must be True, False or None"):
+    with pytest.raises(ValueError, match="packed_head must be True or False or None"):
         KVBoostConfig(packed_head=value)  # type: ignore[arg-type]
