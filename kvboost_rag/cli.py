@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -181,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command ``argv`` (default ``sys.argv[1:]``); exits with a non-zero status
     (``SystemExit``) when it was misused (2) or failed (1)."""
     argv = sys.argv[1:] if argv is None else argv
+    if _on_main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # one line each, without the source line
@@ -189,6 +192,22 @@ def main(argv: list[str] | None = None) -> None:
         _interrupted(argv)
     if status:
         raise SystemExit(status)
+
+
+def _on_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    """Ctrl-C: the stores' background writers stop before the main thread even sees the
+    ``KeyboardInterrupt`` (it may be waiting on the model's thread): a warm's queued
+    writes landed for a moment after the signal. Imported only if a store was made."""
+    writer = sys.modules.get("kvboost_rag.core.store.writer")
+    if writer is not None:
+        writer.halt()
+    raise KeyboardInterrupt
 
 
 # What a command interrupted by Ctrl-C leaves behind, said with the one line it prints.

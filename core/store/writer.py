@@ -25,6 +25,14 @@ T = TypeVar("T")
 log = logging.getLogger("kvboost_rag")
 IDLE_SECONDS = 5.0
 _STOP = object()  # queued to end the thread
+_halted = threading.Event()
+
+
+def halt() -> None:
+    """The process is ending at once (Ctrl-C in the CLI): from now on no writer applies
+    anything more, queued or not. A write under way finishes (each lands whole); the
+    queued ones are dropped, as the process exit would drop them a moment later."""
+    _halted.set()
 
 
 class Writer(Generic[T]):
@@ -94,6 +102,8 @@ class Writer(Generic[T]):
 
     def _apply_all(self, items: list[T]) -> None:
         for item in items:
+            if _halted.is_set():
+                return
             try:
                 self._apply(item)
             except Exception:
@@ -122,4 +132,5 @@ class BatchWriter(Writer[T]):
         return more
 
     def _apply_all(self, items: list[T]) -> None:
-        self._apply_batch(items)
+        if not _halted.is_set():
+            self._apply_batch(items)
