@@ -39,10 +39,11 @@ def warm_corpus(
     - chat messages (``[{"role", "content"}]``) with a ``passage()`` marker where the
       passages go, as ``engine.chat`` sees them;
     - a LangChain ``PromptTemplate`` / ``ChatPromptTemplate`` (the chain's; ``target`` is
-      its ``ChatKVBoost`` or ``KVBoostLLM``), or a LlamaIndex query engine or prompt
-      template (``target`` its ``KVBoostLLM``): the prefix their requests will have. A
-      template variable before the documents (a question) ends it: the fixed head is
-      warmed, and prompts starting with it reuse it through ``prefix_fallback="nearest"``.
+      its ``ChatKVBoost`` or ``KVBoostLLM``), or a LlamaIndex query engine, context chat
+      engine or prompt template (``target`` its ``KVBoostLLM``): the prefix their requests
+      will have. A template variable before the documents (a question) ends it: the
+      fixed head is warmed, and prompts starting with it reuse it through
+      ``prefix_fallback="nearest"``.
 
     With ``cache_dir`` set the KV is written through to disk. A document given twice is
     encoded and counted once; one that is empty or only whitespace is skipped with a
@@ -95,7 +96,7 @@ def resolve_prefix(prefix: Any, target: Any) -> EnginePrefix:
     raise TypeError(
         f"prefix is a {type(prefix).__name__}: pass None, a prompt string, chat messages "
         "([{'role': ..., 'content': ...}]), a LangChain prompt template, or a LlamaIndex "
-        "query engine or prompt template"
+        "query engine, context chat engine or prompt template"
     )
 
 

@@ -1,5 +1,5 @@
-"""The prompt a LlamaIndex query engine sends ``KVBoostLLM`` up to its first passage: what
-``warm_corpus(llm, nodes, prefix=query_engine)`` warms for."""
+"""The prompt a LlamaIndex query engine or chat engine sends ``KVBoostLLM`` up to its first
+passage: what ``warm_corpus(llm, nodes, prefix=query_engine)`` warms for."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ QA_TEMPLATES = ("text_qa_template", "summary_template")
 
 
 def query_engine_prefix(source: Any, llm: Any) -> str | list[dict[str, str]]:
-    """``template_prefix`` of ``source`` (a prompt template, or a query engine or synthesizer
-    whose QA template is taken) as sent to ``llm``, the query engine's ``KVBoostLLM``."""
+    """``template_prefix`` of ``source`` (a prompt template, or a query engine, synthesizer
+    or context chat engine whose QA template is taken) as sent to ``llm``, the engine's
+    ``KVBoostLLM``. A chat engine's is its first turn's: the system message that holds the
+    retrieved context comes before the history, so every later turn has the same prefix."""
     if not isinstance(llm, KVBoostLLM):
         raise TypeError(
             "a LlamaIndex prompt's prefix depends on the LLM it is sent to: pass the query "
@@ -25,11 +27,15 @@ def query_engine_prefix(source: Any, llm: Any) -> str | list[dict[str, str]]:
         )
     if isinstance(source, BasePromptTemplate):
         return template_prefix(source, llm)
+    # ContextChatEngine and CondensePlusContextChatEngine build each turn's synthesizer
+    # (its QA template: the context's system message, the history, the question) here.
+    if callable(getattr(source, "_get_response_synthesizer", None)):
+        return template_prefix(qa_template(source._get_response_synthesizer([])), llm)
     if callable(getattr(source, "get_prompts", None)):
         return template_prefix(qa_template(source), llm)
     raise TypeError(
-        f"prefix is a LlamaIndex {type(source).__name__}: pass a query engine, a response "
-        "synthesizer or a prompt template"
+        f"prefix is a LlamaIndex {type(source).__name__}: pass a query engine, a context "
+        "chat engine, a response synthesizer or a prompt template"
     )
 
 
