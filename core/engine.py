@@ -32,6 +32,7 @@ from kvboost_rag.core.model.loading import (
     load_model,
     resolve_model_path,
 )
+from kvboost_rag.core.model.quantized import check_weights, quantize
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.request_path import RequestPath
@@ -97,6 +98,7 @@ class KVBoost:
         *,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
+        weights: str | None = None,
         config: KVBoostConfig | None = None,
         **model_kwargs: Any,
     ) -> KVBoost:
@@ -106,7 +108,10 @@ class KVBoost:
 
         ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
         hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
-        available). ``config``: how the engine caches (``KVBoostConfig``). Other keyword
+        available). ``weights``: "int8" or "int4" stores the linear layers' weights
+        quantized (CPU only: a decoding step reads a half or a quarter of the bytes; see
+        ``model/quantized.py``), None keeps the checkpoint's. ``config``: how the engine
+        caches (``KVBoostConfig``). Other keyword
         arguments go to transformers' ``from_pretrained`` (``device_map``,
         ``attn_implementation``, ...). Every argument is checked before anything loads:
         ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
@@ -116,8 +121,16 @@ class KVBoost:
             raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
         dev = check_device(device)
         chosen = check_dtype(dtype) or default_dtype(dev)
+        kind = check_weights(weights)
+        if kind is not None and dev.type != "cpu":
+            raise ValueError(
+                f"weights={kind!r} runs on a CPU; on a GPU install the 'awq' extra and load "
+                "an AWQ checkpoint"
+            )
         path = resolve_model_path(model, gguf_file=model_kwargs.pop("gguf_file", None))
         hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
+        if kind is not None:
+            quantize(hf_model, kind)
         engine = cls(hf_model, tokenizer, config)
         engine.name = model
         return engine

@@ -118,6 +118,17 @@ def one_of(*names: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def weights_list(text: str) -> list[str | None]:
+    """An argparse type: comma-separated ways to store a model's linear weights
+    ("checkpoint,int8,int4"; checkpoint: as it has them, None)."""
+    picked: list[str | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in ("checkpoint", "int8", "int4"):
+            raise argparse.ArgumentTypeError(f"{part!r} is not one of checkpoint, int8, int4")
+        picked.append(None if part == "checkpoint" else part)
+    return picked
+
+
 def dtype_list(text: str) -> list[str]:
     """An argparse type: comma-separated dtype names ("bfloat16,float32")."""
     return [dtype_name(part.strip()) for part in text.split(",")]

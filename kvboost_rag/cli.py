@@ -109,7 +109,9 @@ def warm_folder(args: argparse.Namespace) -> None:
     for layout in (args.prefix, args.system):
         if layout is not None:
             parse_segments(layout)  # a stray passage marker (MarkerError), before the model
-    engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
+    engine = KVBoost.from_pretrained(
+        args.model, dtype=args.dtype, weights=args.weights, config=config
+    )
     prefix = chat_prefix(args.system) if args.system is not None else args.prefix
     engine.passage_prefix(prefix)  # a layout the engine cannot use is bad usage too
     texts, skipped = read_texts(files, args.strict)
@@ -270,6 +272,11 @@ def parser() -> ArgumentParser:
     # folder works
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
+    p.add_argument(
+        "--weights",
+        choices=["int8", "int4"],
+        help="store the linear weights quantized (CPU; default: the checkpoint's)",
+    )
     p.add_argument("--chunks", type=positive, default=96, help="essay chunks to index and warm")
     p.add_argument("--chunk-tokens", type=positive, default=200)
     p.add_argument("--questions", type=between(1, len(_questions())), default=3)
@@ -327,6 +334,11 @@ def _warm_parser(sub: Any) -> None:
     )
     w.add_argument("--model", default="smollm2-135m-instruct")
     w.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
+    w.add_argument(
+        "--weights",
+        choices=["int8", "int4"],
+        help="store the linear weights quantized (CPU; default: the checkpoint's)",
+    )
     w.add_argument("--fidelity", default="balanced", choices=["balanced", "fast"])
     layout = w.add_mutually_exclusive_group()
     layout.add_argument(

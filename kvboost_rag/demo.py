@@ -120,7 +120,7 @@ def demo(args: argparse.Namespace) -> None:
 
     from kvboost_rag.integrations.langchain import ChatKVBoost
 
-    engine = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, weights=args.weights)
     print(f"model {args.model} ({engine.model.dtype}), fidelity {engine.config.fidelity}")
     docs = essay_documents(engine, args.chunks, args.chunk_tokens)
     chat = ChatKVBoost(engine=engine, max_tokens=args.max_new_tokens)

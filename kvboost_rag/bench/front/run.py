@@ -222,6 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
     )
+    parser.add_argument(
+        "--weights",
+        choices=["int8", "int4"],
+        help="the model's linear weights stored quantized (default: the checkpoint's)",
+    )
     parser.add_argument("--systems", choices=sorted(SYSTEM_SETS), default="front")
     parser.add_argument("--quick", action="store_true", help="one query per cell, fewer cells")
     parser.add_argument("--queries", type=positive, help="main-table queries per task")
@@ -268,11 +273,12 @@ def main(argv: list[str] | None = None) -> None:
         new_tokens=args.new_tokens or plan.new_tokens,
     )
     base = KVBoost.from_pretrained(
-        args.model, dtype=args.dtype, config=KVBoostConfig(fidelity="exact")
+        args.model, dtype=args.dtype, weights=args.weights, config=KVBoostConfig(fidelity="exact")
     )
     report: dict[str, Any] = {
         "command": " ".join(["kvboost-rag bench front", *(sys.argv[1:] if argv is None else argv)]),
         "model": args.model,
+        "weights": args.weights or "checkpoint",
         "machine": systems.machine(base),
     }
     dtype = str(base.model.dtype).removeprefix("torch.")  # what was loaded names the files
@@ -281,7 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     report["wall_s"] = time.perf_counter() - start
     # a registered model other than the default names its files; a folder path does not
     model = [] if args.model == "smollm2-135m-instruct" or "/" in args.model else [args.model]
-    stem = "-".join(["front", *([] if args.systems == "front" else [args.systems]), *model, dtype])
+    weights = [args.weights] if args.weights else []
+    systems_name = [] if args.systems == "front" else [args.systems]
+    stem = "-".join(["front", *systems_name, *model, dtype, *weights])
     report["chart"] = str(draw_front(report, args.out / f"{stem}.png"))
     write_report(args.out, f"{stem}.json", report)
     print(f"total wall time {report['wall_s']:.0f} s")

@@ -1,0 +1,92 @@
+"""Weight-only int8 / int4 layers (``from_pretrained(weights=...)``, issue 49): the quantized
+kernels compute the product of the weight the layer stands for, that weight is within half
+a quantization step of the float one, and an engine over a quantized model gives
+``model.generate``'s tokens on that same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_model
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.model.fingerprint import model_fingerprint
+from kvboost_rag.core.model.quantized import GROUPS, QuantizedLinear, check_weights, quantize
+
+KINDS = ["int8", "int4"]
+
+
+def layer(in_features: int = 256, out_features: int = 96, bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(in_features, out_features, bias=bias)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_kernel_computes_the_dequantized_weights_product(
+    kind: str, rows: int, bias: bool
+) -> None:
+    quantized = QuantizedLinear(layer(bias=bias), kind, rows=64)  # the kernel at every count
+    x = torch.randn(2, rows, 256)
+    expected = F.linear(x, quantized.dequantized(torch.float32), quantized.bias)
+    torch.testing.assert_close(quantized(x), expected, atol=2e-5, rtol=1e-5)
+    dense = QuantizedLinear(layer(bias=bias), kind, rows=0)  # the dense product at every count
+    torch.testing.assert_close(dense(x), expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_quantized_weight_is_within_half_a_step_of_the_float_one(kind: str) -> None:
+    linear = layer(in_features=192)  # int4: groups of 64 (192 is no multiple of 128)
+    quantized = QuantizedLinear(linear, kind)
+    error = (quantized.dequantized(torch.float32) - linear.weight).abs()
+    if kind == "int8":
+        step = quantized.scale[:, None]
+    else:
+        assert quantized.group == 64
+        step = quantized.scales_and_zeros[..., 0].T.repeat_interleave(64, dim=1)
+    assert bool((error <= step / 2 + 1e-6).all())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_activations_take_the_kernel_within_bf16_rounding(kind: str) -> None:
+    quantized = QuantizedLinear(layer().to(torch.bfloat16), kind, rows=4)
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    expected = F.linear(x.float(), quantized.dequantized(torch.float32), quantized.bias.float())
+    torch.testing.assert_close(quantized(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+def test_layers_the_kernels_cannot_take_stay_float() -> None:
+    assert not QuantizedLinear.supports(torch.nn.Linear(100, 96), "int4")  # 100: no group
+    assert not QuantizedLinear.supports(torch.nn.Linear(128, 90), "int4")  # 90 outputs
+    assert QuantizedLinear.supports(torch.nn.Linear(100, 90), "int8")
+    assert not QuantizedLinear.supports(torch.nn.Linear(64, 64).half(), "int8")
+    assert all(128 % g == 0 for g in GROUPS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_engine_over_a_quantized_model_gives_generates_tokens(kind: str, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    model = make_model("llama")
+    before = model_fingerprint(model, tokenizer)
+    layers = quantize(model, kind)
+    assert layers and all(type(m) is not torch.nn.Linear for m in model.model.modules())
+    assert model_fingerprint(model, tokenizer) != before  # its KV is not the float model's
+    prompt = "The quick brown fox jumps over the lazy dog while the cat watches. Who is lazy?"
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    expected = out[0, ids.shape[1] :].tolist()
+    for fidelity in ("exact", "balanced"):
+        engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity=fidelity))
+        engine.warm(prompt[:40])  # a cached prefix, then the rest
+        result = engine.generate(prompt, max_new_tokens=10, stop=[])
+        assert result.reused_tokens == 40
+        assert result.token_ids == expected, fidelity
+
+
+def test_weights_is_checked_before_anything_loads() -> None:
+    assert check_weights(None) is None and check_weights("int4") == "int4"
+    with pytest.raises(ValueError, match=r"weights must be one of 'int8', 'int4' or None"):
+        KVBoost.from_pretrained("no-such-model", weights="int5")
+    with pytest.raises(ValueError, match="weights must be"):
+        KVBoost.from_pretrained("no-such-model", weights=8)  # type: ignore[arg-type]
