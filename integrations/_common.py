@@ -43,6 +43,7 @@ def load_engine(
     fidelity: str | None = None,
     dtype: Any = None,
     device: Any = None,
+    weights: str | None = None,
     config: KVBoostConfig | None = None,
     **model_kwargs: Any,
 ) -> KVBoost:
@@ -51,7 +52,7 @@ def load_engine(
     if fidelity is not None:
         config = dataclasses.replace(config, fidelity=check_fidelity(fidelity))
     return KVBoost.from_pretrained(
-        model_id, dtype=dtype, device=device, config=config, **model_kwargs
+        model_id, dtype=dtype, device=device, weights=weights, config=config, **model_kwargs
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -28,7 +28,7 @@ FORM_OPTIONS: tuple[str, ...] = ("response_format", "constrain")
 # ... and ``chat`` these (``ChatKVBoost`` only).
 TOOL_OPTIONS: tuple[str, ...] = ("tools", "tool_choice", "parallel_tool_calls")
 # Fields that only describe how to load a model: meaningless beside a given engine.
-LOAD_FIELDS = ("model_id", "dtype", "device", "config")
+LOAD_FIELDS = ("model_id", "dtype", "device", "weights", "config")
 
 
 class KVBoostFields(SamplingFields):
@@ -59,6 +59,10 @@ class KVBoostFields(SamplingFields):
     device: str | None = Field(
         default=None, strict=True, description="Device to load on; auto if None."
     )
+    weights: Literal["int8", "int4"] | None = Field(
+        default=None,
+        description="Store the linear weights quantized (CPU); the checkpoint's if None.",
+    )
     config: KVBoostConfig | None = Field(
         default=None, exclude=True, description="Engine configuration used when loading."
     )
@@ -81,6 +85,7 @@ class KVBoostFields(SamplingFields):
                 fidelity=self.fidelity,
                 dtype=self.dtype,
                 device=self.device,
+                weights=self.weights,
                 config=self.config,
             )
 

@@ -129,12 +129,19 @@ class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
         fidelity: str | None = None,
         dtype: Any = None,
         device: Any = None,
+        weights: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
         **fields: Any,
     ) -> KVBoostLLM:
-        """Load ``model_id`` (an embedded alias, a local path or an HF id) into a new engine."""
+        """Load ``model_id`` (an embedded alias, a local path or an HF id) into a new engine
+        (``weights``: "int8" / "int4" to store the linear weights quantized, on a CPU)."""
         engine = load_engine(
-            model_id, fidelity=fidelity, dtype=dtype, device=device, **(model_kwargs or {})
+            model_id,
+            fidelity=fidelity,
+            dtype=dtype,
+            device=device,
+            weights=weights,
+            **(model_kwargs or {}),
         )
         return cls(engine=engine, model_name=model_id, fidelity=fidelity, **fields)
 

@@ -7,6 +7,7 @@ from conftest import make_model, make_tokenizer
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages
 from kvboost_rag.cli import main
+from kvboost_rag.core.model.quantized import QuantizedLinear, quantize
 
 
 @pytest.mark.embedded
@@ -81,8 +82,13 @@ def tiny_engines(monkeypatch: pytest.MonkeyPatch) -> list[KVBoost]:
     """``warm`` loads a tiny random model instead of the embedded one; the engines it built."""
     built: list[KVBoost] = []
 
-    def tiny(model: str, dtype: object = None, config: object = None) -> KVBoost:
-        built.append(KVBoost(make_model("llama"), make_tokenizer(), config))  # type: ignore[arg-type]
+    def tiny(
+        model: str, dtype: object = None, weights: str | None = None, config: object = None
+    ) -> KVBoost:
+        hf_model = make_model("llama")
+        if weights is not None:
+            quantize(hf_model, weights)
+        built.append(KVBoost(hf_model, make_tokenizer(), config))  # type: ignore[arg-type]
         return built[-1]
 
     monkeypatch.setattr(KVBoost, "from_pretrained", tiny)
@@ -111,6 +117,18 @@ def test_warm_folder_for_a_prompt_layout(
         )
     # Every note is reused under the prompt's own prefix (none foreign, none encoded).
     assert (result.passages_hit, result.passages_foreign, result.passages_missed) == (3, 0, 0)
+
+
+def test_warm_loads_the_weights_asked_for(
+    tmp_path: Path, tiny_engines: list[KVBoost], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "0.txt").write_text(NOTES[0])
+    main(["warm", str(folder), "--cache-dir", str(tmp_path / "cache"), "--weights", "int4"])
+    assert "warmed 1 files into 1 passages" in capsys.readouterr().out
+    layer = tiny_engines[0].model.model.layers[0].mlp.up_proj
+    assert type(layer) is QuantizedLinear and layer.kind == "int4"
 
 
 def test_warm_takes_one_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

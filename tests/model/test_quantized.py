@@ -90,3 +90,17 @@ def test_weights_is_checked_before_anything_loads() -> None:
         KVBoost.from_pretrained("no-such-model", weights="int5")
     with pytest.raises(ValueError, match="weights must be"):
         KVBoost.from_pretrained("no-such-model", weights=8)  # type: ignore[arg-type]
+
+
+@pytest.mark.embedded
+def test_the_adapters_load_quantized_weights() -> None:
+    from kvboost_rag.integrations.langchain import ChatKVBoost
+    from kvboost_rag.integrations.llamaindex import KVBoostLLM
+
+    chat = ChatKVBoost(model_id="smollm2-135m-instruct", weights="int4", max_tokens=2)
+    assert type(chat.kv_engine.model.lm_head) is QuantizedLinear
+    assert chat.kv_engine.model.lm_head.kind == "int4"
+    llm = KVBoostLLM.from_model_id("smollm2-135m-instruct", weights="int8", max_tokens=2)
+    assert llm.engine.model.lm_head.kind == "int8"
+    with pytest.raises(ValueError, match="weights"):
+        ChatKVBoost(model_id="smollm2-135m-instruct", weights="int3")
