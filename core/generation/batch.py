@@ -34,6 +34,7 @@ from kvboost_rag.core.generation.runner import Runner
 from kvboost_rag.core.generation.slots import SlotCache
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.model.quantized import row_cost
 
 # Fill tokens per turn while other requests decode: a build then delays their next token
 # by one such forward, not by the whole prompt. Smaller chunks cost more per token (each
@@ -78,7 +79,7 @@ class Batch:
     def __init__(self, model: Any, support: ModelSupport) -> None:
         self.slots = SlotCache(len(support.layer_types))
         self.runner = Runner(model, support, self.slots)
-        self.drafting = Drafting(self.runner.compiled)
+        self.drafting = Drafting(self.runner.compiled, row_cost(model))
         self.rows: list[Request] = []
         self._fill_rows = FILL_ROWS.get(torch.device(model.device).type)
         self._steps = self._stepped_rows = self._peak = 0
@@ -219,7 +220,7 @@ class Batch:
         start = time.perf_counter()
         running = self.rows[:count]
         proposals = [self.drafting.propose(r, count) for r in running]
-        drafts = proposals if self.drafting.pays(running) else [[] for _ in running]
+        drafts = proposals if self.drafting.pays(running, proposals) else [[] for _ in running]
         compiled_before = self.runner.compiled.steps
         tokens = [[r.tokens[-1], *d] for r, d in zip(running, drafts)]
         positions = [

@@ -1,17 +1,25 @@
 """Which drafts a decoding step feeds (``speculation.py`` proposes them).
 
-A lone row feeds its draft: on a CPU a few more tokens cost its forward little, unless
-the row could take the compiled step instead (``compiled.py``), since a draft's verify runs
-eagerly. Then it feeds a draft while the tokens it should keep (``PromptLookup.worth``, by
-the n-gram it was matched on, judged on drafts fed or not) pay for the verify: while
-``worth + 1`` is at least the eager verify's time over the compiled step's, both measured
-on the model's recent steps of one row (starting from the warm-up's check,
-``CompiledStep.ms``).
+A lone row feeds its draft: on a CPU a few more tokens cost a forward over dense weights
+little. Two exceptions feed it only while the tokens it should keep (``PromptLookup.worth``,
+by the n-gram it was matched on, judged on drafts fed or not) pay for the verify:
+
+- the row could take the compiled step instead (``compiled.py``), since a draft's verify
+  runs eagerly: while ``worth + 1`` is at least the eager verify's time over the compiled
+  step's, both measured on the model's recent steps of one row (starting from the
+  warm-up's check, ``CompiledStep.ms``);
+- the weights are quantized (``model/quantized.py``), whose kernels' time grows with the
+  rows: while ``worth + 1`` is at least the draft's rows' time over one row's, as the
+  products were measured at load (Qwen2.5-Coder-1.5B with int8 weights decoded open-ended
+  answers at 327 ms a token feeding every draft, against generate's 216).
+
 Several rows feed their drafts while they hit often enough to pay for widening every row's
 forward.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 from kvboost_rag.core.generation.compiled import CompiledStep
 from kvboost_rag.core.generation.request import Request
@@ -43,8 +51,13 @@ TIME_MEMORY = 0.7
 class Drafting:
     """The draft policy of one batch; only the executor's thread uses it."""
 
-    def __init__(self, compiled: CompiledStep) -> None:
+    def __init__(
+        self, compiled: CompiledStep, row_cost: Callable[[int], float] | None = None
+    ) -> None:
+        """``row_cost(rows)``: a forward of ``rows`` rows over a lone row's time, where it
+        grows with them (quantized weights); None where a few rows cost about one."""
         self.compiled = compiled
+        self.row_cost = row_cost
         # A lone row's recent step times, seconds: (compiled step, eager step with a draft);
         # None until a lone row may take the compiled step
         self.times: list[float] | None = None
@@ -58,12 +71,16 @@ class Drafting:
             room = min(room, BATCH_DRAFT_TOKENS)
         return request.drafter.draft(room)
 
-    def pays(self, running: list[Request]) -> bool:
-        """Whether this step feeds the drafts just proposed to ``running``."""
+    def pays(self, running: list[Request], drafts: Sequence[Sequence[int]]) -> bool:
+        """Whether this step feeds ``drafts``, just proposed to ``running``."""
         if len(running) == 1:
             row = running[0]
-            if not self.compiled.usable or not row.compiled or row.drafter is None:
+            if row.drafter is None or not drafts[0]:
                 return True
+            if not self.compiled.usable or not row.compiled:
+                if self.row_cost is None:
+                    return True
+                return row.drafter.worth + 1 >= self.row_cost(len(drafts[0]) + 1)
             if self.times is None:
                 assert self.compiled.ms is not None
                 self.times = [ms / 1e3 for ms in self.compiled.ms]

@@ -23,6 +23,7 @@ layout. So the layers below hold what the aten kernels take and nothing else.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ class QuantizedLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.kind, self.rows = kind, rows
+        self.costs: dict[int, float] = {}  # seconds per row count, once measured (``quantize``)
         weight = linear.weight.detach()
         self.dtype = weight.dtype
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), False)
@@ -151,25 +153,42 @@ def quantize(model: Any, kind: str) -> list[QuantizedLinear]:
         # Timed on the decoder's largest layer (an MLP's): the head's products are of the
         # last row alone in a forward of the engine's or generate's
         sample = max(decoder or layers, key=lambda layer: layer.in_features * layer.out_features)
-        rows = measure(sample)
+        rows, costs = measure(sample)
         for layer in layers:
-            layer.rows = rows
+            layer.rows, layer.costs = rows, costs
     return layers
 
 
-def measure(layer: QuantizedLinear, repeats: int = 3) -> int:
-    """The largest of ``ROW_COUNTS`` at which ``layer``'s kernel was faster than
-    dequantizing and a dense product here (0: never)."""
-    best = 0
+def measure(layer: QuantizedLinear, repeats: int = 3) -> tuple[int, dict[int, float]]:
+    """The largest of ``ROW_COUNTS`` up to which ``layer``'s kernel was faster than
+    dequantizing and a dense product here (0: never), and each count's seconds the way it
+    is then taken (what ``draft_cost`` reads)."""
+    best, winning, costs = 0, True, {}
     with torch.inference_mode():
         for count in ROW_COUNTS:
             x = torch.randn(count, layer.in_features, dtype=layer.dtype)
             kernel = _seconds(lambda x=x: layer.kernel(x), repeats)
             dense = _seconds(lambda x=x: F.linear(x, layer.dequantized(x.dtype)), repeats)
-            if kernel >= dense:
-                break
-            best = count
-    return best
+            winning = winning and kernel < dense
+            best = count if winning else best
+            costs[count] = kernel if winning else dense
+    return best, costs
+
+
+def row_cost(model: Any) -> Callable[[int], float] | None:
+    """For a model with quantized layers, how many times one row's time a forward of
+    ``rows`` rows takes (their products', as measured at load; the drafts a lone decoding
+    row verifies, ``generation/drafting.py``); None for a model without: a dense weight's
+    few extra rows cost a step little on a CPU, a quantized kernel's grow with them."""
+    costs = next((m.costs for m in model.modules() if type(m) is QuantizedLinear and m.costs), None)
+    if costs is None:
+        return None
+
+    def cost(rows: int) -> float:
+        bucket = next((n for n in ROW_COUNTS if n >= rows), ROW_COUNTS[-1])
+        return costs[bucket] / costs[1]
+
+    return cost
 
 
 def _seconds(run: Any, repeats: int) -> float:

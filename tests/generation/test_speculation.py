@@ -21,6 +21,7 @@ from kvboost_rag.core.generation.runner import Runner
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.speculation import PromptLookup
+from kvboost_rag.core.model.quantized import ROW_COUNTS, quantize
 
 # Tiny random models repeat themselves within a few tokens: drafts are found and kept.
 WORK = [
@@ -187,6 +188,29 @@ def test_a_batch_feeds_drafts_only_while_they_pay(
     lone = drafting.stats().batch.steps  # type: ignore[union-attr]
     drafting.generate(WORK[3][0], max_new_tokens=30)
     assert drafting.stats().batch.steps - lone < 29  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("cost", [1.0, 100.0])
+def test_a_lone_row_on_quantized_weights_feeds_drafts_only_while_they_pay(
+    cost: float, tokenizer: Any
+) -> None:
+    """Quantized kernels' time grows with the rows (``model/quantized.py``): a lone row
+    feeds its draft while its ``worth + 1`` is at least the draft's rows' measured cost
+    over one row's: at a cost of 1 (what dense weights cost) always, at 100 never. The
+    answer is the same either way."""
+    model = make_model("llama")
+    layers = quantize(model, "int8")
+    for layer in layers:
+        layer.costs = {n: 1.0 if n == 1 else cost for n in ROW_COUNTS}
+    config = KVBoostConfig(block_tokens=8, draft_tokens=8)
+    plain = KVBoost(model, tokenizer, KVBoostConfig(block_tokens=8, draft_tokens=0))
+    drafting = KVBoost(model, tokenizer, config)
+    prompt, n = WORK[3][0], 30
+    want = plain.generate(prompt, max_new_tokens=n).token_ids
+    before = drafting.stats().batch.steps  # type: ignore[union-attr]  (one executor)
+    assert drafting.generate(prompt, max_new_tokens=n).token_ids == want
+    steps = drafting.stats().batch.steps - before  # type: ignore[union-attr]
+    assert steps < n - 1 if cost == 1.0 else steps == n - 1
 
 
 def test_speculative_sampling_keeps_the_distribution(tokenizer: Any) -> None:
