@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     if failed:
         peers |= {name.split(" N=")[0]: False for name in failed}
     return {
-        "command": "kvboost-rag bench decode " + " ".join(args.argv),
+        "command": "kvboost-rag bench decode " + shlex.join(args.argv),
         "model": args.model,
         "quick": args.quick,
         "machine": machine(base),
