@@ -22,12 +22,13 @@ layout. So the layers below hold what the aten kernels take and nothing else.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from kvboost_rag.core.model.packed import median_seconds
 
 WEIGHTS = ("int8", "int4")
 GROUPS = (128, 64, 32)  # int4 group sizes, largest first: the first that divides a layer's inputs
@@ -167,8 +168,8 @@ def measure(layer: QuantizedLinear, repeats: int = 3) -> tuple[int, dict[int, fl
     with torch.inference_mode():
         for count in ROW_COUNTS:
             x = torch.randn(count, layer.in_features, dtype=layer.dtype)
-            kernel = _seconds(lambda x=x: layer.kernel(x), repeats)
-            dense = _seconds(lambda x=x: F.linear(x, layer.dequantized(x.dtype)), repeats)
+            kernel = median_seconds(lambda x=x: layer.kernel(x), repeats)
+            dense = median_seconds(lambda x=x: F.linear(x, layer.dequantized(x.dtype)), repeats)
             winning = winning and kernel < dense
             best = count if winning else best
             costs[count] = kernel if winning else dense
@@ -189,13 +190,3 @@ def row_cost(model: Any) -> Callable[[int], float] | None:
         return costs[bucket] / costs[1]
 
     return cost
-
-
-def _seconds(run: Any, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
