@@ -121,12 +121,7 @@ class KVBoost:
             raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
         dev = check_device(device)
         chosen = check_dtype(dtype) or default_dtype(dev)
-        kind = check_weights(weights)
-        if kind is not None and dev.type != "cpu":
-            raise ValueError(
-                f"weights={kind!r} runs on a CPU; on a GPU install the 'awq' extra and load "
-                "an AWQ checkpoint"
-            )
+        kind = check_weights(weights, dev)
         path = resolve_model_path(model, gguf_file=model_kwargs.pop("gguf_file", None))
         hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
         if kind is not None:

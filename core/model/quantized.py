@@ -36,14 +36,20 @@ ROW_COUNTS = (1, 2, 4, 8, 16, 32)  # where the kernel may still beat a dense pro
 DTYPES = (torch.bfloat16, torch.float32)
 
 
-def check_weights(weights: object) -> str | None:
-    """``weights`` as ``from_pretrained`` takes it: None (the checkpoint's own) or a name."""
-    if weights is None or weights in WEIGHTS:
-        return weights  # type: ignore[return-value]
-    raise ValueError(
-        f"weights must be one of {', '.join(map(repr, WEIGHTS))} or None (the checkpoint's "
-        f"own), got {weights!r}"
-    )
+def check_weights(weights: object, device: torch.device) -> str | None:
+    """``weights`` as ``from_pretrained`` takes it: None (the checkpoint's own) or a name,
+    on a CPU (``device``). ``ValueError`` otherwise."""
+    if weights is not None and weights not in WEIGHTS:
+        raise ValueError(
+            f"weights must be one of {', '.join(map(repr, WEIGHTS))} or None (the "
+            f"checkpoint's own), got {weights!r}"
+        )
+    if weights is not None and device.type != "cpu":
+        raise ValueError(
+            f"weights={weights!r} runs on a CPU; on a GPU install the 'awq' extra and load "
+            "an AWQ checkpoint"
+        )
+    return weights  # type: ignore[return-value]
 
 
 class QuantizedLinear(torch.nn.Module):

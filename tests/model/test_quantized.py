@@ -85,7 +85,10 @@ def test_an_engine_over_a_quantized_model_gives_generates_tokens(kind: str, toke
 
 
 def test_weights_is_checked_before_anything_loads() -> None:
-    assert check_weights(None) is None and check_weights("int4") == "int4"
+    cpu = torch.device("cpu")
+    assert check_weights(None, cpu) is None and check_weights("int4", cpu) == "int4"
+    with pytest.raises(ValueError, match="runs on a CPU"):
+        check_weights("int8", torch.device("meta"))
     with pytest.raises(ValueError, match=r"weights must be one of 'int8', 'int4' or None"):
         KVBoost.from_pretrained("no-such-model", weights="int5")
     with pytest.raises(ValueError, match="weights must be"):
