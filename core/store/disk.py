@@ -40,7 +40,7 @@ from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.store import codec
 from kvboost_rag.core.store.folder_index import FolderIndex
 from kvboost_rag.core.store.memory import Entry
-from kvboost_rag.core.store.writer import Writer
+from kvboost_rag.core.store.writer import Writer, halted
 
 _STALE_TEMP_SECONDS = 600  # temp files older than this were left by a killed writer
 
@@ -160,11 +160,15 @@ class DiskStore:
     def put(
         self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
     ) -> None:
+        if halted():  # the process is ending (Ctrl-C): a memory eviction writes nothing either
+            return
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)  # the folder may have been removed
         data = codec.to_bytes(
             key, self.fingerprint, tokens, kv, self.codec, approximate, self._secret
         )
+        if halted():  # checked again after the encoding, the long part
+            return
         with self._lock:  # room first, so the folder holds the budget even mid-write
             self._reserved += len(data)
             self._enforce_budget()

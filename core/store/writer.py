@@ -35,6 +35,11 @@ def halt() -> None:
     _halted.set()
 
 
+def halted() -> bool:
+    """Whether ``halt`` was called: every tier write checks it, on any thread."""
+    return _halted.is_set()
+
+
 class Writer(Generic[T]):
     """Thread-safe. ``apply`` should handle its own errors (it runs on the writer thread);
     one it lets through is logged and the thread goes on, so ``join`` never waits forever."""
