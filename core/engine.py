@@ -68,7 +68,7 @@ class KVBoost:
         )
         self._store = open_tiers(self.config, self.fingerprint)
         self._caches = Caches(
-            model,
+            self._handle.engine_model,
             self.support,
             self.config,
             self._store,
@@ -78,7 +78,12 @@ class KVBoost:
             self._handle.executor.arriving,
         )
         self._warmer = Warmer(
-            model, self.config, self.support, self._prompts, self._caches, self._handle.executor
+            self._handle.engine_model,
+            self.config,
+            self.support,
+            self._prompts,
+            self._caches,
+            self._handle.executor,
         )
         self._path = RequestPath(self._handle, tokenizer, self.config, self._caches)
         executor = self._handle.executor

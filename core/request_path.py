@@ -91,7 +91,6 @@ class RequestPath:
             structure=structure,
             limit=self.batch_size,
             packed=self.config.packed_head,
-            packed_linears=self.config.packed_linears,
             compiled=self.config.compiled_step != "off",
             start=start,
             timings=timings,

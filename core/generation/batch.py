@@ -179,8 +179,7 @@ class Batch:
         keep = 1 + (len(plan[0][0].feed or []) if len(plan) == 1 else 0)
         try:
             packed = [r.packed for r, _ in plan]
-            linear = all(r.packed_linears for r, _ in plan)
-            logits = self.runner.run_rows(rows, tokens, positions, keep, packed, linear)
+            logits = self.runner.run_rows(rows, tokens, positions, keep, packed)
         except BaseException as error:  # the forward failed: every request in it fails
             for request, _ in plan:
                 self._fail(request, error)
@@ -229,10 +228,9 @@ class Batch:
         keep = max(map(len, tokens))
         try:
             packed = [r.packed for r in running]
-            linear = all(r.packed_linears for r in running)
             compiled = all(r.compiled for r in running)
             logits = self.runner.run_rows(
-                list(range(count)), tokens, positions, keep, packed, linear, compiled
+                list(range(count)), tokens, positions, keep, packed, compiled
             )
         except BaseException as error:
             for request in running:

@@ -160,7 +160,7 @@ class Executor:
         runner = self.batch.runner
         if first:
             self.call(lambda: runner.prepare(packed, packed_linears, measurements))
-            self.post(lambda: runner.first_use(0, packed, packed_linears))  # no row is held
+            self.post(lambda: runner.first_use(0, packed))  # no row is held
         elif again:
             self.call(lambda: runner.measure(True, measurements))
 

@@ -60,7 +60,6 @@ class Request:
     structure: Structure  # the answer's form: tool calls are parsed out of the text
     limit: int  # the most requests its engine lets run in one batch
     packed: bool | None  # its engine's ``packed_head``
-    packed_linears: bool  # its engine's ``packed_linears``
     compiled: bool  # its engine's ``compiled_step`` is not "off"
     start: float  # perf_counter at the call
     timings: Timings

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from kvboost_rag.core.generation.compiled import CHECK_KEYS, CompiledStep
 from kvboost_rag.core.generation.slots import SlotCache, Write
 from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.arch import ModelSupport
-from kvboost_rag.core.model.attention import cached_tail, engine_forwards, runs_sdpa
+from kvboost_rag.core.model.attention import KEYWORD, Forward, runs_sdpa, steered
 from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
 from kvboost_rag.core.model.packed import PackedHead
 
@@ -47,14 +46,12 @@ class Runner:
         positions: Sequence[Sequence[int]],
         keep: int = 1,
         packed: Sequence[bool | None] = (False,),
-        packed_linears: bool = True,
         compiled: bool = False,
     ) -> torch.Tensor:
         """Feed ``tokens[i]`` at ``positions[i]`` (ascending) to row ``rows[i]``; float32
         logits ``[rows, keep, vocab]`` after the last ``keep`` tokens of each row.
         ``packed``: the rows' requests' ``packed_head`` (``_packs`` decides);
-        ``packed_linears``: whether every row's request lets the linear layers take their
-        packed copies; ``compiled``: whether every row's request lets the step take the
+        ``compiled``: whether every row's request lets the step take the
         compiled forward (``compiled.py``: row 0 alone, one token at its end)."""
         if compiled and self._compiles(rows, tokens, positions):
             logits = self.compiled.run(tokens[0][0], positions[0][0])
@@ -72,13 +69,12 @@ class Runner:
             else torch.tensor(list(rows), device=self.model.device)
         )
         write, ids, position_ids, mask = self._layout(index, rows[0], tokens, positions, width)
-        tail = cached_tail(write.past, self.windows) if write.columns is None else nullcontext()
         packed_head = self._packs(packed)
-        rows_fed = len(tokens) * max(map(len, tokens))
-        ways = self.ways.fastest if packed_linears else self.ways.unpacked
-        way = linears.using(linears.way_for(ways, rows_fed))
-        with self.slots.forward(write) as cache, tail, engine_forwards(), way:
-            inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
+        inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
+        if steered(self.model):  # one sequence at its end may split attention there
+            past = write.past if write.columns is None else None
+            inputs[KEYWORD] = Forward(past, self.windows, rows=True)
+        with self.slots.forward(write) as cache:
             inputs |= {"cache": cache, "use_cache": True}
             if packed_head:
                 logits = self.head.logits(keep, **inputs)
@@ -114,7 +110,7 @@ class Runner:
         """Pay the first forward's one-time costs before any request does: ``prepare``,
         then ``first_use`` in free row ``row``."""
         self.prepare(packed, packed_linears, measurements)
-        self.first_use(row, packed, packed_linears)
+        self.first_use(row, packed)
 
     def prepare(
         self, packed: bool | None, packed_linears: bool, measurements: Measurements
@@ -127,7 +123,7 @@ class Runner:
         if packed is not False:
             self.head.prepare(measurements)
 
-    def first_use(self, row: int, packed: bool | None, packed_linears: bool) -> None:
+    def first_use(self, row: int, packed: bool | None) -> None:
         """The kernels a prefill, a cached prefix's continuation and a decoding step take,
         run once in free row ``row`` (left empty). Measured on SmolLM2-135M (fp32, 2-core
         AVX2 EPYC): the first request after a new engine took its first token 1.2 s later
@@ -142,7 +138,7 @@ class Runner:
         try:
             with torch.inference_mode():
                 for fed_ids, at in ((ids, range(8)), (ids, range(8, 16)), (ids[:1], [16])):
-                    self.run_rows([row], [fed_ids], [at], 1, [packed], packed_linears)
+                    self.run_rows([row], [fed_ids], [at], 1, [packed])
         finally:
             self.slots.lengths[row] = 0
             self.forwards, self.tokens = forwards, fed
@@ -175,7 +171,7 @@ class Runner:
         key = _linears_key(self.model, packed_linears)
         kept = None if key is None else _ways(measurements.recall("linears", key))
         if kept is not None:
-            self.ways = linears.adopt(self.model, kept)
+            self.ways = linears.adopt(self.model, kept, packed_linears)
             return
         self.ways = linears.measure(self.model, packed_linears)
         if key is not None:

@@ -53,7 +53,7 @@ class ModelSupport:
 
     @property
     def windows(self) -> tuple[int | None, ...]:
-        """Per layer, its sliding window (None: full attention), as ``cached_tail`` takes
+        """Per layer, its sliding window (None: full attention), as ``attention.Forward`` takes
         them."""
         return tuple(self.sliding_window if t == SLIDING else None for t in self.layer_types)
 
@@ -85,6 +85,18 @@ def model_support(model: Any, measurements: Measurements = FORGETFUL) -> ModelSu
         if support is None:
             support = _KNOWN[model] = inspect_model(model, measurements)
         return support
+
+
+def copy_support(copied: Any, support: ModelSupport) -> ModelSupport:
+    """The support of ``copied``, a copy of the model ``support`` describes (``view.py``):
+    its own layers and attention modules, the same verdict (no probe run again)."""
+    decoder = copied.get_decoder() if hasattr(copied, "get_decoder") else copied.model
+    layers = tuple(getattr(decoder, "layers", ()))
+    attention = tuple(getattr(layer, "self_attn", None) for layer in layers)
+    copy = replace(support, layers=layers, attention=attention)
+    with _GUARD:
+        _KNOWN[copied] = copy
+    return copy
 
 
 def inspect_model(model: Any, measurements: Measurements = FORGETFUL) -> ModelSupport:

@@ -18,22 +18,22 @@ when they verify drafts, under the step's mask, and transformers' SDPA path then
 every key-value head for its query heads (``repeat_kv``): 8 rows of one query over 900 keys
 took 45 ms there in fp32 against 29 ms without the copy, and 8 rows of 3 queries over 1024
 keys 131 ms through the kernel's grouped heads against 76 ms as matrix products. So the
-engine's own forwards (``engine_forwards``) take that form for up to ``FEW_QUERIES`` queries
+engine's own forwards (``Forward.rows``) take that form for up to ``FEW_QUERIES`` queries
 a row (``few_query_attention``): scores, softmax and weighted sum in float32, the query
 heads of a group and their queries one matrix against their key-value head, read once.
 
-Registered as ``kvboost_sdpa`` (``install``): for any forward the engine does not mark
-(``cached_tail``, ``engine_forwards``), and for layers it cannot split (a sliding window
-shorter than the keys, a device without the CPU kernel), it is transformers' own
-``sdpa_attention_forward`` on the same arguments, so the model answers as before to every
-other caller.
+Registered as ``kvboost_sdpa`` (``install``) on the engine's own copy of the model
+(``view.py``; the user's model keeps its attention). What a forward may take is said by a
+``Forward`` the engine passes to the model's call as its ``kvboost`` keyword, which
+transformers hands to every attention layer with the rest of the call's keywords. For a
+forward without one, and for layers it cannot split (a sliding window shorter than the
+keys, a device without the CPU kernel), it is transformers' own ``sdpa_attention_forward``
+on the same arguments.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,74 +50,33 @@ from kvboost_rag.core.model.hf_compat import (
 
 NAME = "kvboost_sdpa"
 FEW_QUERIES = 4  # queries per row that ``few_query_attention`` takes under a mask
-# (cached positions, per layer the sliding window or None) of the forward running now
-_TAIL: contextvars.ContextVar[tuple[int, tuple[int | None, ...]] | None] = contextvars.ContextVar(
-    "kvboost_tail", default=None
-)
+KEYWORD = "kvboost"  # the model call's keyword that carries a ``Forward``
 
 
-@contextmanager
-def cached_tail(past: int, windows: tuple[int | None, ...]) -> Iterator[None]:
-    """Mark the forwards inside as feeding contiguous tokens after ``past`` cached ones
-    (one sequence), with ``windows[i]`` the sliding window of layer ``i`` (None: full
-    attention): their attention may be split."""
-    token = _TAIL.set((past, windows))
-    try:
-        yield
-    finally:
-        _TAIL.reset(token)
+@dataclass(frozen=True)
+class Forward:
+    """What one of the engine's forwards may compute, passed as ``model(..., kvboost=...)``.
+
+    ``past``: the fed tokens are one sequence continuing ``past`` cached ones, contiguous
+    (its attention may split there, ``split_attention``), with ``windows[i]`` the sliding
+    window of layer ``i`` (None: full attention); None: no such claim. ``rows``: a forward
+    over the engine's slot rows (``Runner``): its decoding steps' layers may take
+    ``few_query_attention`` and grouped heads under a mask. ``probe``: (a score vector,
+    how many leading key positions it covers): every layer adds the attention its queries
+    pay to each of those keys (softmax weights summed over heads and queries) into it,
+    beside its usual output (what a repair probe needs). ``compiled``: the engine's compiled
+    one-row step (``compiled.py``): traced, attention is ``few_query_attention`` in the
+    model's dtype (matrix products inductor schedules around, as transformers' eager
+    attention computes) instead of SDPA's kernel."""
+
+    past: int | None = None
+    windows: tuple[int | None, ...] = ()
+    rows: bool = False
+    probe: tuple[torch.Tensor, int] | None = None
+    compiled: bool = False
 
 
-# whether the forward running now is one of the engine's own (``engine_forwards``)
-_ENGINE: contextvars.ContextVar[bool] = contextvars.ContextVar("kvboost_engine", default=False)
-
-
-@contextmanager
-def engine_forwards() -> Iterator[None]:
-    """Mark the forwards inside as the engine's own: their decoding steps' layers may take
-    ``few_query_attention``."""
-    token = _ENGINE.set(True)
-    try:
-        yield
-    finally:
-        _ENGINE.reset(token)
-
-
-# whether the engine's compiled step is being traced or run (``compiled_step``): a module
-# global, not a context variable, so that dynamo guards on it
-_COMPILED_STEP = False
-
-
-@contextmanager
-def compiled_step() -> Iterator[None]:
-    """Mark the forwards inside as the engine's compiled one-row step: traced, their
-    attention is ``few_query_attention`` in the model's dtype (matrix products inductor
-    schedules around, as transformers' eager attention computes) instead of SDPA's kernel."""
-    global _COMPILED_STEP
-    _COMPILED_STEP = True
-    try:
-        yield
-    finally:
-        _COMPILED_STEP = False
-
-
-# (the score vector to add to, how many leading key positions it covers) while a probe runs
-_PROBE: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar(
-    "kvboost_probe", default=None
-)
-
-
-@contextmanager
-def attention_scores(into: torch.Tensor, keys: int) -> Iterator[None]:
-    """Add, for every layer of the forwards inside, the attention their queries pay to each
-    of the first ``keys`` key positions (softmax weights summed over heads and queries) to
-    ``into`` (``[keys]``), beside the layer's usual SDPA output. What a repair probe needs
-    of a few queries, without switching the model to eager attention."""
-    token = _PROBE.set((into, keys))
-    try:
-        yield
-    finally:
-        _PROBE.reset(token)
+COMPILED = Forward(compiled=True)  # the one the compiled step passes (one object: one guard)
 
 
 def install(model: Any) -> bool:
@@ -136,6 +95,11 @@ def runs_sdpa(model: Any) -> bool:
     return attention_implementation(model) in ("sdpa", NAME)
 
 
+def steered(model: Any) -> bool:
+    """Whether the model runs this attention: its forwards take a ``Forward``."""
+    return attention_implementation(model) == NAME
+
+
 def attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -147,8 +111,9 @@ def attention(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    forward: Forward | None = kwargs.pop(KEYWORD, None)
     if torch.compiler.is_compiling():  # a user's torch.compile: transformers' SDPA, unbroken
-        if _COMPILED_STEP:  # products in the model's dtype, as transformers' eager attention
+        if forward is not None and forward.compiled:  # products in the model's dtype
             # (SmolLM2-135M's compiled step: 24 ms this way against 34 with SDPA, bf16, 900 keys)
             out = few_query_attention(
                 module, query, key, value, attention_mask, scaling, compute=query.dtype
@@ -157,22 +122,26 @@ def attention(
         return sdpa_attention_forward(  # type: ignore[no-any-return]
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    probe = _PROBE.get()
-    if probe is not None:
-        _add_scores(probe[0], probe[1], module, query, key, attention_mask, scaling)
-    if _ENGINE.get() and _few_queries(query, attention_mask, dropout, kwargs):
+    if forward is None:
+        return sdpa_attention_forward(  # type: ignore[no-any-return]
+            module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+        )
+    if forward.probe is not None:
+        into, keys = forward.probe
+        _add_scores(into, keys, module, query, key, attention_mask, scaling)
+    if forward.rows and _few_queries(query, attention_mask, dropout, kwargs):
         return few_query_attention(module, query, key, value, attention_mask, scaling), None
-    if _ENGINE.get() and _grouped_under_mask(module, query, attention_mask, dropout, kwargs):
+    if forward.rows and _grouped_under_mask(module, query, attention_mask, dropout, kwargs):
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
         )
         return out.transpose(1, 2).contiguous(), None
-    tail = _TAIL.get()
-    if tail is None or not _splittable(module, query, key, *tail):
+    past = forward.past
+    if past is None or not _splittable(module, query, key, past, forward.windows):
         return sdpa_attention_forward(  # type: ignore[no-any-return]
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    return split_attention(module, query, key, value, tail[0], scaling), None
+    return split_attention(module, query, key, value, past, scaling), None
 
 
 def _add_scores(

@@ -1,7 +1,7 @@
-"""What every engine on one model shares: the model's structure and the executor that runs
-it, so requests from several engines on one model decode together and never interleave
-forwards. Held here, in one registry keyed by the model object (weakly), instead of as
-attributes set on the user's model.
+"""What every engine on one model shares: the engine's own copy of the model (``view.py``),
+its structure and the executor that runs it, so requests from several engines on one model
+decode together and never interleave forwards. Held here, in one registry keyed by the
+model object (weakly), instead of as attributes set on the user's model.
 
 The registry holds handles weakly, keyed by the model's ``id``: a handle keeps its model
 alive, so the id cannot be reused while the entry exists, and the entry goes with the last
@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvboost_rag.core.model.arch import ModelSupport, model_support
-from kvboost_rag.core.model.attention import install
+from kvboost_rag.core.model.arch import ModelSupport, copy_support, model_support
 from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
+from kvboost_rag.core.model.view import engine_view
 
 if TYPE_CHECKING:
     from kvboost_rag.core.generation.executor import Executor
+    from kvboost_rag.core.generation.profile import SpeedProfile
 
 
 @dataclass(eq=False)
 class ModelHandle:
-    model: Any
-    support: ModelSupport
+    model: Any  # the user's, as they left it
+    engine_model: Any  # the copy every engine forward runs (``engine_view``)
+    support: ModelSupport  # the engine model's structure
     eos: frozenset[int]  # token ids that end an answer (the generation config's)
     executor: Executor = field(repr=False)
 
@@ -38,6 +40,12 @@ class ModelHandle:
     @property
     def context_window(self) -> int:
         return int(self.model.config.max_position_embeddings)
+
+    def profile(self) -> SpeedProfile:
+        """What makes this model's forwards fast, as the engine chose it (``profile.py``)."""
+        from kvboost_rag.core.generation.profile import speed_profile
+
+        return speed_profile(self.executor.batch)
 
     @classmethod
     def of(cls, model: Any, measurements: Measurements = FORGETFUL) -> ModelHandle:
@@ -59,9 +67,10 @@ def eos_ids(model: Any) -> frozenset[int]:
 def _make(model: Any, measurements: Measurements) -> ModelHandle:
     from kvboost_rag.core.generation.executor import Executor
 
-    support = model_support(model, measurements)
-    install(model)
-    return ModelHandle(model, support, eos_ids(model), Executor(model, support))
+    support = model_support(model, measurements)  # refuses a model before copying it
+    view = engine_view(model)
+    support = copy_support(view, support)
+    return ModelHandle(model, view, support, eos_ids(model), Executor(view, support))
 
 
 _GUARD = threading.Lock()

@@ -29,19 +29,18 @@ prefill. torch's ``F.linear`` (``x @ W.T``) is not the fastest way on every CPU 
 Which way each row count takes is measured per model when the engine warms up
 (``measure``): on the model's own weights (enough of them to stream from memory, as a step
 does, for the counts a step feeds), after a check that every way gives ``F.linear``'s
-product; the fastest way, and the fastest without packing, for the requests of an engine
-built with ``packed_linears=False`` (a model none of whose engines allow packing keeps no
-packed copy). The model's ``nn.Linear`` decoder layers become ``EngineLinear``
-(``install``), a subclass that takes another way only inside the engine's forwards
-(``using``), so every other caller of the model runs ``nn.Linear.forward`` as before.
+product; the fastest way, and the fastest without packing. A model takes the fastest once
+one of its engines allows packing (``KVBoostConfig.packed_linears``), else the fastest
+without (and keeps no packed copy). The decoder's ``nn.Linear`` layers of the engine's own
+copy of the model (``view.py``; the user's model keeps its own) become ``EngineLinear``
+over the same weights (``install``), which takes the way its row count's entry in its
+table says (``adopt`` sets the tables): no state outside the layer decides it.
 """
 
 from __future__ import annotations
 
-import contextvars
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -64,16 +63,6 @@ PACKED_BYTES = 2 << 30  # packing is a candidate up to this much of linear weigh
 # in one forward (Llama's attention and MLP, and the models that name them alike).
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
-# the way the forward running now takes (None: F.linear)
-_WAY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "kvboost_linear_way", default=None
-)
-# inside ``using``: per ``Fused`` group, the input of its last product and the products its
-# members have not taken yet
-_TAKEN: contextvars.ContextVar[dict[int, tuple[torch.Tensor, list[Any]]] | None] = (
-    contextvars.ContextVar("kvboost_fused_products", default=None)
-)
-
 
 class Ways(NamedTuple):
     """Per measured row count, the way the decoder's linear layers take where it is not
@@ -88,22 +77,42 @@ NONE = Ways({}, {})  # every count runs F.linear
 
 
 class EngineLinear(torch.nn.Linear):
-    """``nn.Linear`` that, inside ``using``, computes its product the way given there."""
+    """``nn.Linear`` over another layer's weights that computes its product the way its
+    ``table`` gives for the input's row count (``adopt``; ``F.linear`` until then)."""
 
     _packed: PackedWeight | None = None  # the packed copy, once a forward takes it
     fused: Fused | None = None  # its siblings' group, when it has siblings (``install``)
+    table: tuple[str, ...] = ()  # per row count up to ``CANDIDATES[-1]``, its way
+
+    @classmethod
+    def sharing(cls, linear: torch.nn.Linear) -> EngineLinear:
+        """A layer over ``linear``'s weight and bias (the same tensors, no copy)."""
+        weight = linear.weight
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device="meta",
+            dtype=weight.dtype,
+        )
+        layer.weight, layer.bias = weight, linear.bias
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # a user's torch.compile traces nn.Linear, unbroken
+        if torch.compiler.is_compiling() or not self.table:  # traced: nn.Linear, unbroken
             return super().forward(x)
-        way = _WAY.get()
+        rows = x.numel() // x.shape[-1] if x.dim() >= 2 else 1
+        return self.product(x, self.table[min(rows, len(self.table) - 1)])
+
+    def product(self, x: torch.Tensor, way: str) -> torch.Tensor:
+        """The layer's product computed ``way``."""
         if way == TRANSPOSED and x.dim() >= 2:
             return transposed(x, self.weight, self.bias)
         if way == PACKED:
             if self.fused is not None:
                 return self.fused.product(self, x)
             return packed_linear(x, self.packed_weight(), self.bias)
-        return super().forward(x)
+        return F.linear(x, self.weight, self.bias)
 
     def packed_weight(self) -> torch.Tensor:
         """The weight reordered for oneDNN (kept, and reordered anew if it changed)."""
@@ -115,34 +124,37 @@ class EngineLinear(torch.nn.Linear):
 class Fused:
     """Sibling layers taken packed as one product over their stacked weights: the first
     member called on an input computes every member's columns, and each other member
-    called on that same input (inside the same ``using``) takes its own."""
+    called on that same input takes its own (kept here until taken)."""
 
     def __init__(self, members: Sequence[EngineLinear]) -> None:
         self.members = list(members)
         self.sizes = [m.out_features for m in members]
         self._packed = PackedWeight()
+        # the input of the last product and the columns its members have not taken yet
+        self._taken: tuple[torch.Tensor, list[Any]] | None = None
 
     def packed_weight(self) -> torch.Tensor:
         return self._packed.of(*(m.weight for m in self.members))
 
     def drop(self) -> None:
         self._packed = PackedWeight()
+        self._taken = None
 
     def product(self, member: EngineLinear, x: torch.Tensor) -> torch.Tensor:
-        taken = _TAKEN.get()
-        assert taken is not None, "fused products are taken inside linears.using"
         index = self.members.index(member)
-        entry = taken.get(id(self))
-        if entry is not None and entry[0] is x and entry[1][index] is not None:
-            out: torch.Tensor = entry[1][index]
-            entry[1][index] = None
+        taken = self._taken
+        if taken is not None and taken[0] is x and taken[1][index] is not None:
+            out: torch.Tensor = taken[1][index]
+            taken[1][index] = None
+            if not any(o is not None for o in taken[1]):
+                self._taken = None  # every member took its columns: hold no tensor
             return out
         biases = [m.bias for m in self.members]
         bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
         outs: list[Any] = list(packed_linear(x, self.packed_weight(), bias).split(self.sizes, -1))
         out = outs[index]
         outs[index] = None
-        taken[id(self)] = (x, outs)
+        self._taken = (x, outs)
         return out
 
 
@@ -155,17 +167,6 @@ def transposed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-@contextmanager
-def using(way: str) -> Iterator[None]:
-    """Inside, ``EngineLinear`` layers compute their product ``way``."""
-    token, products = _WAY.set(None if way == PLAIN else way), _TAKEN.set({})
-    try:
-        yield
-    finally:
-        _TAKEN.reset(products)
-        _WAY.reset(token)
-
-
 def way_for(ways: dict[int, str], count: int) -> str:
     """The way ``count`` rows take: that of the measured count at or above it (the largest
     one's above it); ``PLAIN`` where ``ways`` has none."""
@@ -174,18 +175,18 @@ def way_for(ways: dict[int, str], count: int) -> str:
 
 
 def install(model: Any) -> list[EngineLinear]:
-    """Make the plain ``nn.Linear`` layers of ``model``'s decoder ``EngineLinear`` (the same
-    modules and weights; their forward is unchanged outside ``using``); the layers."""
+    """Replace the plain ``nn.Linear`` layers of ``model``'s decoder by ``EngineLinear``
+    layers over the same weights, grouping siblings (``Fused``); the layers. For the
+    engine's own copy of a model (``view.py``), never the user's; on a CPU only."""
     get = getattr(model, "get_decoder", None)
     decoder = get() if callable(get) else None
     if decoder is None or torch.device(model.device).type != "cpu":
         return []
-    layers = []
-    for module in decoder.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = EngineLinear
-        if type(module) is EngineLinear:
-            layers.append(module)
+    for parent in list(decoder.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, EngineLinear.sharing(child))
+    layers = [module for module in decoder.modules() if type(module) is EngineLinear]
     for module in decoder.modules():
         for names in SIBLINGS:
             members = [getattr(module, name, None) for name in names]
@@ -194,6 +195,11 @@ def install(model: Any) -> list[EngineLinear]:
                 for member in members:
                     member.fused = group  # type: ignore[union-attr]
     return layers
+
+
+def engine_layers(model: Any) -> list[EngineLinear]:
+    """The ``EngineLinear`` layers ``install`` made in ``model`` (none where it did not)."""
+    return [module for module in model.modules() if type(module) is EngineLinear]
 
 
 def _fusable(members: Sequence[Any]) -> bool:
@@ -214,8 +220,7 @@ def measure(model: Any, packed: bool = True) -> Ways:
     """For each of ``CANDIDATES``, the ways ``model``'s decoder layers are fastest here, where
     not ``F.linear`` (none on a GPU, for a model without plain linear layers, for a small
     decoder, or where a way's product differs). ``packed``: whether packing is a candidate
-    at all (``KVBoostConfig.packed_linears``). Packs every layer when a count's fastest way
-    is packed, so no request pays for it; otherwise keeps no packed copy."""
+    at all (``KVBoostConfig.packed_linears``). Then ``adopt``s them."""
     layers = install(model)
     if not layers or model.dtype not in (torch.float32, torch.bfloat16):
         return NONE
@@ -232,16 +237,21 @@ def measure(model: Any, packed: bool = True) -> Ways:
         _ranked(streamed, 1, ways)  # first-use costs
         ranked = {n: _ranked(streamed if n <= STREAMED else one_layer, n, ways) for n in CANDIDATES}
     unpacked = [way for way in ways if way != PACKED]
-    return adopt(model, Ways(_taken(ranked, ways), _taken(ranked, unpacked)))
+    return adopt(model, Ways(_taken(ranked, ways), _taken(ranked, unpacked)), packed)
 
 
-def adopt(model: Any, ways: Ways) -> Ways:
-    """Take ``ways`` for ``model`` (measured here, or before for the same shapes): packs
-    every layer when a count's fastest way is packed, else keeps no packed copy."""
+def adopt(model: Any, ways: Ways, packed: bool = True) -> Ways:
+    """Take ``ways`` for ``model``'s layers (measured here, or before for the same shapes):
+    their fastest where ``packed`` (packing every layer when a count's fastest way is
+    packed, so no request pays for it), else the fastest without packing (no packed copy
+    kept)."""
     layers = install(model)
-    packs = PACKED in ways.fastest.values()
+    chosen = ways.fastest if packed else ways.unpacked
+    table = tuple(way_for(chosen, rows) for rows in range(CANDIDATES[-1] + 1))
+    packs = PACKED in chosen.values()
     with torch.inference_mode():
         for layer in layers:  # a group's members take its product, never their own copy
+            layer.table = table if chosen else ()
             if packs and layer.fused is None:
                 layer.packed_weight()
             else:
@@ -293,8 +303,7 @@ def _same(layer: EngineLinear, way: str) -> bool:
     x = torch.randn(4, layer.in_features, generator=_SEED).to(layer.weight.dtype)
     want = F.linear(x, layer.weight, layer.bias).float()
     try:
-        with using(way):
-            got = layer(x).float()
+        got = layer.product(x, way).float()
     except (RuntimeError, AttributeError, TypeError):  # an op missing, a layout refused
         return False
     tolerance = 1e-5 if layer.weight.dtype == torch.float32 else 2e-2
@@ -310,11 +319,10 @@ def _ranked(layers: Sequence[EngineLinear], count: int, ways: Sequence[str]) -> 
     times: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(REPEATS):  # interleaved, so a slow moment of the machine hits them all
         for way in ways:
-            with using(way):
-                start = time.perf_counter()
-                for layer in layers:
-                    layer(inputs[layer.in_features])
-                times[way].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            for layer in layers:
+                layer.product(inputs[layer.in_features], way)
+            times[way].append(time.perf_counter() - start)
     return sorted(ways, key=lambda way: sorted(times[way])[REPEATS // 2])
 
 

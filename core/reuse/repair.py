@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.model.arch import model_support
-from kvboost_rag.core.model.attention import attention_scores, cached_tail, runs_sdpa
+from kvboost_rag.core.model.attention import KEYWORD, Forward, steered
 from kvboost_rag.core.model.hf_compat import eager_attention
 from kvboost_rag.core.model.kv import LayerKV, head, new_kv_of_layer, to_cache
 from kvboost_rag.core.reuse.shared import shared_sentences
@@ -210,11 +210,9 @@ def probe_kv(model: Any, plan: RepairPlan, layers: int) -> tuple[torch.Tensor, t
     cache = to_cache(head(plan.assembled, plan.exact), model.config)
     ids = torch.tensor([plan.tokens[plan.exact : plan.length]], device=model.device)
     # contiguous after the exact prefix: attention splits there instead of taking a mask
-    with (
-        new_kv_of_layer(cache, layers - 1) as caught,
-        cached_tail(plan.exact, model_support(model).windows),
-    ):
-        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    forward = {KEYWORD: Forward(plan.exact, model_support(model).windows)} if steered(model) else {}
+    with new_kv_of_layer(cache, layers - 1) as caught:
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **forward)
     assert caught, f"the forward never wrote layer {layers - 1}'s keys"
     return caught[0]
 
@@ -231,16 +229,12 @@ def question_attention(model: Any, plan: RepairPlan, layers: int) -> torch.Tenso
     score = torch.zeros(tail, device=model.device)
     support = model_support(model)
 
-    def forward() -> None:
-        model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1)
+    def forward(**steer: Forward) -> None:
+        model(input_ids=ids, position_ids=positions, cache=cache, logits_to_keep=1, **steer)
 
-    if runs_sdpa(model):
-        with (
-            attention_scores(score, tail),
-            cached_tail(tail, model_support(model).windows),
-            _first_layers(model, layers),
-        ):
-            forward()
+    if steered(model):
+        with _first_layers(model, layers):
+            forward(**{KEYWORD: Forward(tail, support.windows, probe=(score, tail))})
         return score
 
     def collect(module: Any, args: Any, output: Any) -> None:

@@ -153,11 +153,14 @@ def test_mixed_layer_types_get_one_mask_per_type() -> None:
 
 def test_structure_is_read_once_per_model(tokenizer) -> None:
     model = make_model("phi3")
-    first = KVBoost(model, tokenizer).support
-    assert KVBoost(model, tokenizer).support is first is model_support(model)
+    engine = KVBoost(model, tokenizer)
+    first, view = engine.support, engine._handle.engine_model
+    assert KVBoost(model, tokenizer).support is first is model_support(view)
     assert len(first.layers) == len(first.attention) == 3
-    assert first.attention[0] is model.model.layers[0].self_attn
-    assert inspect_model(model) == first  # a fresh inspection decides the same
+    assert first.attention[0] is view.model.layers[0].self_attn  # the engine's own modules
+    assert model_support(model).attention[0] is model.model.layers[0].self_attn
+    fresh = inspect_model(model)  # a fresh inspection decides the same
+    assert (fresh.passage_reuse, fresh.reason) == (first.passage_reuse, first.reason)
 
 
 def test_sliding_layers_keep_every_position_in_engine_caches() -> None:

@@ -1,5 +1,6 @@
 """The engine's attention (``kvboost_sdpa``): the split form of a cached prefix's
-continuation equals transformers' masked SDPA, and every other forward is SDPA itself."""
+continuation equals transformers' masked SDPA, and every forward the engine does not pass a
+``Forward`` is SDPA itself; the user's model keeps its own attention."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from transformers import DynamicCache
 
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.model.arch import SLIDING, model_support
-from kvboost_rag.core.model.attention import NAME, cached_tail, install
+from kvboost_rag.core.model.attention import KEYWORD, NAME, Forward, install
 
 
 def windows(model: torch.nn.Module) -> tuple[int | None, ...]:
@@ -31,19 +32,32 @@ def test_a_split_continuation_equals_a_full_prefill(arch: str, cached: int) -> N
         want = reference(input_ids=ids).logits[0]
         cache = DynamicCache()
         split(input_ids=ids[:, :cached], cache=cache)
-        with cached_tail(cached, windows(split)):
-            got = split(input_ids=ids[:, cached:], cache=cache).logits[0]
+        steer = {KEYWORD: Forward(cached, windows(split))}
+        got = split(input_ids=ids[:, cached:], cache=cache, **steer).logits[0]
     torch.testing.assert_close(got, want[cached:], atol=2e-5, rtol=0)
 
 
-def test_unmarked_forwards_are_sdpa_itself(tokenizer) -> None:
-    """A user's own generate on the model the engine wraps gives what it gave before."""
-    model = make_model("gemma3")
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_the_users_model_is_left_as_it_was(arch: str, tokenizer) -> None:
+    """The engine runs its own copy of the model's modules over the same weights: the
+    user's model keeps its classes and attention, and its generate gives what it gave."""
+    from kvboost_rag.core.model.handle import ModelHandle
+    from kvboost_rag.core.model.linears import EngineLinear
+
+    model = make_model(arch)
     ids = torch.randint(3, 90, (1, 50))
     before = model.generate(ids, max_new_tokens=12, do_sample=False)
-    KVBoost(model, tokenizer, KVBoostConfig())  # installs kvboost_sdpa
-    assert model.config._attn_implementation == NAME
+    classes = [type(m) for m in model.modules()]
+    engine = KVBoost(model, tokenizer, KVBoostConfig())
+    engine.generate("one two three", max_new_tokens=4)
+    assert model.config._attn_implementation == "sdpa"
+    assert [type(m) for m in model.modules()] == classes
     assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False), before)
+    view = ModelHandle.of(model).engine_model
+    assert view is not model and view.config._attn_implementation == NAME
+    assert any(type(m) is EngineLinear for m in view.modules())
+    ours = dict(view.named_parameters())
+    assert all(ours[name] is p for name, p in model.named_parameters())  # no weight copied
 
 
 def test_eager_models_are_left_alone(tokenizer) -> None:
@@ -55,6 +69,7 @@ def test_eager_models_are_left_alone(tokenizer) -> None:
     engine.warm("A long system prompt about depots and crates. " * 3)
     result = engine.generate("A long system prompt about depots and crates. " * 3 + "Q?")
     assert result.reused_tokens > 0 and model.config._attn_implementation == "eager"
+    assert engine._handle.engine_model.config._attn_implementation == "eager"
 
 
 # several queries without a mask are a causal continuation: ``split_attention``'s case
@@ -98,7 +113,7 @@ def test_few_query_attention_equals_sdpa(
 
 
 def test_few_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
-    """Only the engine's own forwards take the few-query form."""
+    """Only the forwards the engine marks as its rows' take the few-query form."""
     from kvboost_rag.core.model import attention as attention_module
 
     model = make_model("llama")
@@ -115,8 +130,11 @@ def test_few_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=3, do_sample=False)
         assert not calls
-        with attention_module.engine_forwards():
-            model.generate(ids, max_new_tokens=3, do_sample=False)
+        cache = DynamicCache()
+        model(input_ids=ids, cache=cache)
+        model(input_ids=ids[:, :1], cache=cache, **{KEYWORD: Forward()})  # not the rows'
+        assert not calls
+        model(input_ids=ids[:, 1:2], cache=cache, **{KEYWORD: Forward(rows=True)})
         assert calls
 
 
@@ -146,15 +164,15 @@ def test_grouped_queries_under_a_mask_equal_sdpa_without_copying_keys(
     want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
     copies = []
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: copies.append(1) or a[0])
-    with attention_module.engine_forwards():
-        got, _ = attention_module.attention(module, query, key, value, mask, scaling=0.3)
+    steer = {KEYWORD: Forward(rows=True)}
+    got, _ = attention_module.attention(module, query, key, value, mask, scaling=0.3, **steer)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert not copies
 
 
 def test_a_users_torch_compile_traces_the_engines_attention_whole() -> None:
-    """The registered attention reads the engine's context variables only outside a
-    compiled graph: under a user's ``torch.compile`` it is transformers' SDPA, unbroken."""
+    """Under a user's ``torch.compile`` the registered attention is transformers' SDPA,
+    unbroken."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from kvboost_rag.core.model import attention as attention_module

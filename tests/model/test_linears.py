@@ -40,8 +40,14 @@ def test_the_transposed_product_is_f_linear(shape: tuple[int, ...], bias: bool) 
     torch.testing.assert_close(got, F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
 
 
+def taking(way: str) -> linears.Ways:
+    """Ways that take ``way`` at every row count."""
+    table = dict.fromkeys(linears.CANDIDATES, way)
+    return linears.Ways(table, table)
+
+
 @pytest.mark.parametrize("way", WAYS)
-def test_only_the_decoders_plain_linears_change_and_only_inside_using(
+def test_only_the_decoders_plain_linears_change_and_only_once_adopted(
     way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = make_model("llama")
@@ -56,12 +62,12 @@ def test_only_the_decoders_plain_linears_change_and_only_inside_using(
     with torch.inference_mode():
         want = before(input_ids=ids).logits
         plain = model(input_ids=ids).logits
-        assert len(calls) >= len(layers)  # outside ``using`` every layer runs F.linear
+        assert len(calls) >= len(layers)  # before ``adopt`` every layer runs F.linear
         calls.clear()
-        with linears.using(way):
-            inside = model(input_ids=ids).logits
-    assert len(calls) < len(layers)  # inside, the decoder's layers took ``way``
-    assert torch.equal(plain, want)  # bit for bit, for every other caller of the model
+        linears.adopt(model, taking(way))
+        inside = model(input_ids=ids).logits
+    assert len(calls) < len(layers)  # then the decoder's layers took ``way``
+    assert torch.equal(plain, want)  # bit for bit
     torch.testing.assert_close(inside, want, atol=2e-5, rtol=0)
 
 
@@ -76,7 +82,9 @@ def test_an_installed_model_copies_and_saves_as_its_own() -> None:
             p.mul_(0.5)  # the copy's layers hold their own weights
     ids = torch.tensor([tokens(2, 4)])
     for way in WAYS:
-        with torch.inference_mode(), linears.using(way):
+        linears.adopt(model, taking(way))
+        linears.adopt(twin, taking(way))
+        with torch.inference_mode():
             assert not torch.allclose(twin(input_ids=ids).logits, model(input_ids=ids).logits)
     buffer.seek(0)
     assert set(torch.load(buffer)) == set(model.state_dict())
@@ -88,8 +96,8 @@ def test_a_changed_weight_is_packed_anew() -> None:
     x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0))
 
     def packed() -> torch.Tensor:
-        with torch.inference_mode(), linears.using(linears.PACKED):
-            return layer(x)
+        with torch.inference_mode():
+            return layer.product(x, linears.PACKED)
 
     first = packed()
     with torch.no_grad():
@@ -119,8 +127,9 @@ def test_sibling_projections_are_one_packed_product(
     ids = torch.tensor([tokens(3, 6)])
     with torch.inference_mode():
         want = model(input_ids=ids).logits
-        with linears.using(linears.PACKED):
-            got = model(input_ids=ids).logits
+        linears.adopt(model, taking(linears.PACKED))
+        products.clear()  # packing the weights in ``adopt`` ran none
+        got = model(input_ids=ids).logits
     assert len(products) == (len(layers) if arch == "phi3" else 4 * decoder_layers)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
 
@@ -140,19 +149,17 @@ def test_every_way_is_timed_on_the_same_products(monkeypatch: pytest.MonkeyPatch
 
 def test_a_sibling_called_on_another_input_computes_its_own() -> None:
     """A member takes its group's product only for the input that product was for, and only
-    once; otherwise (another input, a second call, a new ``using``) it computes anew."""
+    once; otherwise (another input, a second call) it computes anew."""
     q, k, v = (linears.install(make_model("llama")) or [])[:3]
     assert q.fused is k.fused is v.fused is not None
     g = torch.Generator().manual_seed(1)
     x, y = (torch.randn(2, q.in_features, generator=g) for _ in range(2))
+    packed = linears.PACKED
     with torch.inference_mode():
-        with linears.using(linears.PACKED):
-            q(x)
-            for layer, given in ((k, y), (k, x), (k, x), (v, x)):
-                want = F.linear(given, layer.weight)
-                torch.testing.assert_close(layer(given), want, atol=1e-5, rtol=1e-5)
-        with linears.using(linears.PACKED):
-            torch.testing.assert_close(v(y), F.linear(y, v.weight), atol=1e-5, rtol=1e-5)
+        q.product(x, packed)
+        for layer, given in ((k, y), (k, x), (k, x), (v, x), (v, y)):
+            want = F.linear(given, layer.weight)
+            torch.testing.assert_close(layer.product(given, packed), want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -167,8 +174,7 @@ def test_runner_logits_are_the_same_whichever_way_the_linears_take(arch: str) ->
     with torch.inference_mode():
         runner.run_rows([0, 1], [a, b], [list(range(30)), list(range(21))])
         for way in [linears.PLAIN, *WAYS]:
-            table = dict.fromkeys(linears.CANDIDATES, way)
-            runner.ways = linears.Ways(table, table)
+            linears.adopt(model, taking(way))
             step = [[5, 9, 11], [6, 2, 4]]  # 6 rows fed, then 1 row of 4 tokens
             both = runner.run_rows([0, 1], step, [[30, 31, 32], [21, 22, 23]], keep=3)
             one = runner.run_rows([0], [[7, 8, 9, 10]], [[33, 34, 35, 36]], keep=4)
@@ -241,7 +247,9 @@ def test_the_engines_runner_measures_its_counts_when_it_warms_up(
     assert engine._handle.executor.batch.runner.ways == linears.Ways(
         dict.fromkeys((1, 2, 4, 8), "packed"), {}
     )
-    assert all(type(layer) is linears.EngineLinear for layer in linears.install(model))
+    layers = linears.install(engine._handle.engine_model)
+    assert layers and all(layer.table[1] == "packed" for layer in layers)
+    assert not any(type(m) is linears.EngineLinear for m in model.modules())  # the user's
 
 
 def test_a_users_torch_compile_traces_the_installed_layers_whole() -> None:
@@ -266,41 +274,47 @@ def _other_engines_done() -> None:
             thing.drain()
 
 
-def test_an_engine_against_packing_never_takes_it_and_alone_leaves_no_copy(
+def test_a_model_packs_once_one_of_its_engines_allows_it(
     monkeypatch: pytest.MonkeyPatch, tokenizer: Any
 ) -> None:
+    """``packed_linears=False`` alone: no packed copy kept and none taken. Once another
+    engine on the model allows packing, the model keeps the copies and every engine's
+    forwards take them (one speed profile a model), with the same answers."""
     from kvboost_rag import KVBoost, KVBoostConfig
 
-    _other_engines_done()  # their background work would run through the patched `using`
+    _other_engines_done()  # their background work would run through the patched product
     monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
     # packed is the fastest wherever it is offered, else F.linear
     monkeypatch.setattr(
         linears, "_ranked", lambda layers, count, ways: sorted(ways, key=lambda w: w != "packed")
     )
     taken: list[str] = []
-    using = linears.using
-    monkeypatch.setattr(linears, "using", lambda way: taken.append(way) or using(way))
+    product = linears.EngineLinear.product
+    monkeypatch.setattr(
+        linears.EngineLinear,
+        "product",
+        lambda self, x, way: taken.append(way) or product(self, x, way),
+    )
     model = make_model("llama")
-    layers = linears.install(model)
+    against = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", packed_linears=False))
+    layers = linears.install(against._handle.engine_model)
 
     def copies() -> list[bool]:
         groups = {id(layer.fused): layer.fused for layer in layers if layer.fused}.values()
         alone = [layer._packed is not None for layer in layers if layer.fused is None]
         return alone + [group._packed._entry is not None for group in groups]
 
-    against = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", packed_linears=False))
     assert not any(copies())
+    taken.clear()
     want = against.generate("one two three four five", max_new_tokens=6).token_ids
-    assert taken and linears.PACKED not in taken
+    assert linears.PACKED not in taken  # (F.linear, the fastest left, runs as nn.Linear)
 
     allowing = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))  # measured again
     assert all(copies())
-    taken.clear()
-    assert allowing.generate("one two three four five", max_new_tokens=6).token_ids == want
-    assert linears.PACKED in taken
-    taken.clear()
-    assert against.generate("one two three four five", max_new_tokens=6).token_ids == want
-    assert taken and linears.PACKED not in taken
+    for engine in (allowing, against):
+        taken.clear()
+        assert engine.generate("one two three four five", max_new_tokens=6).token_ids == want
+        assert linears.PACKED in taken
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

@@ -211,13 +211,17 @@ def test_query_strategy_recomputes_what_the_question_reads(tokenizer) -> None:
     engine = engine_with("llama", tokenizer)
     prompt, plan = assembled(engine)
     with torch.inference_mode():
-        score = question_attention(engine.model, plan, 3)
-        chosen = choose_query(plan, RepairSettings("query", 0, 0.1, None), engine.model)
+        score = question_attention(engine._handle.engine_model, plan, 3)
+        chosen = choose_query(
+            plan, RepairSettings("query", 0, 0.1, None), engine._handle.engine_model
+        )
     reused = [i for p in prompt.passages for i in range(p.start, p.end)]
     assert len(chosen) == round(0.1 * len(reused)) and set(chosen) <= set(reused)
     threshold = min(float(score[p]) for p in chosen)
     assert all(float(score[p]) <= threshold + 1e-6 for p in set(reused) - set(chosen))
-    assert engine.model.config._attn_implementation == NAME  # restored after the probe
+    assert (
+        engine._handle.engine_model.config._attn_implementation == NAME
+    )  # restored after the probe
 
 
 @pytest.mark.parametrize("mass", [0.05, 0.3, 1.0])
@@ -234,8 +238,10 @@ def test_query_strategy_with_a_mass_stops_once_the_chosen_hold_it(tokenizer, mas
     prompt, plan = assembled(engine)
     ratio = 0.5
     with torch.inference_mode():
-        score = question_attention(engine.model, plan, 3)
-        chosen = choose_query(plan, RepairSettings("query", 0, ratio, None, mass), engine.model)
+        score = question_attention(engine._handle.engine_model, plan, 3)
+        chosen = choose_query(
+            plan, RepairSettings("query", 0, ratio, None, mass), engine._handle.engine_model
+        )
     reused = [i for p in prompt.passages for i in range(p.start, p.end)]
     ranked = sorted(reused, key=lambda p: -float(score[p]))
     total = sum(float(score[p]) for p in reused)
@@ -264,9 +270,13 @@ def test_passage_strategy_recomputes_the_passage_the_question_reads(tokenizer) -
     engine = engine_with("llama", tokenizer)
     prompt, plan = assembled(engine)
     with torch.inference_mode():
-        score = question_attention(engine.model, plan, 3)
-        one = choose_passages(plan, RepairSettings("passage", 0, 0.01, None), engine.model)
-        none = choose_passages(plan, RepairSettings("passage", 0, 0.0, None), engine.model)
+        score = question_attention(engine._handle.engine_model, plan, 3)
+        one = choose_passages(
+            plan, RepairSettings("passage", 0, 0.01, None), engine._handle.engine_model
+        )
+        none = choose_passages(
+            plan, RepairSettings("passage", 0, 0.0, None), engine._handle.engine_model
+        )
     best = max(prompt.passages, key=lambda p: float(score[p.start : p.end].mean()))
     assert one == list(range(best.start, best.end)) and none == []
 
@@ -308,10 +318,10 @@ def test_the_probe_beside_sdpa_scores_what_eager_attention_weighs(arch: str, tok
     prompt, plan = assembled(engine)
     with torch.inference_mode():
         for layers in (1, 2):
-            beside = question_attention(engine.model, plan, layers)
-            engine.model.set_attn_implementation("eager")
-            eager = question_attention(engine.model, plan, layers)
-            engine.model.set_attn_implementation(NAME)
+            beside = question_attention(engine._handle.engine_model, plan, layers)
+            engine._handle.engine_model.set_attn_implementation("eager")
+            eager = question_attention(engine._handle.engine_model, plan, layers)
+            engine._handle.engine_model.set_attn_implementation(NAME)
             torch.testing.assert_close(beside, eager, atol=1e-5, rtol=1e-5)
 
 
