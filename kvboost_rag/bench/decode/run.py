@@ -44,6 +44,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +154,11 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     runs: list[dict[str, Any]] = []
     failed: dict[str, str] = {}  # peer and answer length -> why it did not run
+    profiles: dict[str, Any] = {}  # per weights, what the engine's forwards took
     for weights in args.weights:
         base = KVBoost.from_pretrained(args.model, dtype=args.dtype, weights=weights)
         _record_model(args, base, weights, runs, failed)
+        profiles[weights or "checkpoint"] = asdict(base._handle.profile())
         if weights is not args.weights[-1]:
             del base
             gc.collect()  # one model in memory at a time
@@ -177,6 +180,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         "peers_run": peers,
         "peers_failed": failed,
         "compiled_step": compiled if args.compiled else None,
+        "speed_profiles": profiles,
         "runs": runs,
         "summary": summarize(runs),
         "seconds": time.perf_counter() - start,
