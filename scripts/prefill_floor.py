@@ -71,7 +71,8 @@ def attention_flops(config: Any, tokens: int) -> float:
 
 
 def prompt_ids(tokenizer: Any, tokens: int, salt: int) -> list[int]:
-    text = " ".join(
+    """``tokens`` ids of a text no other salt's starts like."""
+    text = f"{salt}. " + " ".join(
         f"record {salt}-{i}: the depot shipped {i * 7 % 97} crates." for i in range(4000)
     )
     return tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
@@ -92,14 +93,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         total = found["linear_flops"] + attention_flops(model.config, n)
         best = total / found["rate"]
         forward, ours = [], []
-        for r in range(args.repeats):
-            ids = prompt_ids(tokenizer, n, r)
+        for r in range(args.repeats):  # every prompt new: nothing cached holds its start
+            ids = prompt_ids(tokenizer, n, 2 * (n * args.repeats + r))
             with torch.inference_mode():
                 start = time.perf_counter()
                 model(input_ids=torch.tensor([ids]), logits_to_keep=1)
                 forward.append(time.perf_counter() - start)
-            text = tokenizer.decode(prompt_ids(tokenizer, n, 1000 + r))
-            result = engine.generate(text, max_new_tokens=1)
+            ids = prompt_ids(tokenizer, n, 2 * (n * args.repeats + r) + 1)
+            result = engine.generate(tokenizer.decode(ids), max_new_tokens=1)
+            assert result.reused_tokens == 0, result  # cold: nothing cached
             ours.append(result.ttft_ms / 1e3)
         row = {
             "tokens": n,

@@ -45,6 +45,7 @@ from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import few_query_attention
+from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.hf_compat import eager_attention
 from kvboost_rag.core.model.packed import median_seconds
 
@@ -70,7 +71,8 @@ def whole_step_rows(model: Any, rows: int, keys: int) -> list[dict[str, Any]]:
     vocab = int(model.config.vocab_size)
     prompt = torch.randint(0, vocab, (rows, keys), generator=torch.Generator().manual_seed(0))
     token = prompt[:, :1]
-    runner = Batch(model, support).runner
+    handle = ModelHandle.of(model)  # the engine's own model: its linears and attention
+    runner = Batch(handle.engine_model, handle.support).runner
     runner.warm_up(0, None, packed_linears=True)
     runner.slots.reserve(rows, keys + 1)
     everyone = list(range(rows))
