@@ -107,7 +107,9 @@ class QuantizedLinear(torch.nn.Module):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight the quantized copy stands for, in ``dtype``."""
         if self.kind == "int8":
-            return (self.q.to(dtype) * self.scale.to(dtype)[:, None]).to(dtype)
+            # int8 times ``dtype`` promotes to ``dtype``: the same values as converting q first,
+            # in less than half the time (8960x1536: 4.5 against 10.5 ms, one busy machine)
+            return torch.mul(self.q, self.scale.to(dtype)[:, None])
         low = (self.nibbles & 0xF).to(dtype)
         high = (self.nibbles >> 4).to(dtype)
         q = torch.stack([low, high], -1).reshape(self.out_features, -1, self.group)
