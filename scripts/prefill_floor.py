@@ -9,11 +9,11 @@ sum over half the square), the head runs on the last row. The floor is those FLO
 best matrix-product rate measured here: each decoder weight shape timed at T rows both
 through ``F.linear`` and the way the engine's linear layers take at T rows
 (``core/model/linears.py``), the faster per shape, summed over the layers that have it.
-Beside it, timed on the same prompt in the same process, the systems take turns per
-repeat: ``transformers``, the model's own forward (``logits_to_keep=1``) on the user's
-model; ``ours cold``, ``KVBoost.generate(max_new_tokens=1)`` at fidelity "exact" on a
-prompt no cache holds (its TTFT: tokenizing, the forwards, the first token). Prints a table
-and writes JSON and PNG.
+Beside it, in the same process, on prompts of T tokens that share no start with any
+earlier one (nothing cached holds them), the systems take turns per repeat:
+``transformers``, the model's own forward (``logits_to_keep=1``) on the user's model;
+``ours cold``, ``KVBoost.generate(max_new_tokens=1)`` at fidelity "exact" (its TTFT:
+tokenizing, the forwards, the first token). Prints a table and writes JSON and PNG.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": "scripts/prefill_floor.py " + " ".join(args.argv),
         "model": args.model,
-        "dtype": str(model.dtype),
+        "dtype": str(model.dtype).replace("torch.", ""),
         "cpu": machine(engine)["cpu"],
         "threads": torch.get_num_threads(),
         "speed_profile": {k: str(v) for k, v in vars(engine._handle.profile()).items()},
@@ -183,9 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     text = table(record)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    args.out.with_suffix(".txt").write_text(text + "\n")
-    chart(record, args.out.with_suffix(".png"))
+    stem = str(args.out)  # a model's name has dots: no with_suffix
+    Path(stem + ".json").write_text(json.dumps(record, indent=2))
+    Path(stem + ".txt").write_text(text + "\n")
+    chart(record, Path(stem + ".png"))
 
 
 if __name__ == "__main__":
