@@ -32,17 +32,7 @@ import torch.nn.functional as F
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.model import linears
-
-
-def timed(fn: Any, repeats: int) -> float:
-    """Median seconds of ``fn()`` after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from kvboost_rag.core.model.packed import median_seconds
 
 
 def floor(view: Any, tokens: int, repeats: int) -> dict[str, float]:
@@ -56,8 +46,8 @@ def floor(view: Any, tokens: int, repeats: int) -> dict[str, float]:
         layer = first[shape]
         x = torch.randn(tokens, layer.in_features).to(layer.weight.dtype)
         with torch.inference_mode():
-            plain = timed(lambda la=layer, x=x: F.linear(x, la.weight, la.bias), repeats)
-            ours = timed(lambda la=layer, x=x: la(x), repeats)
+            plain = median_seconds(lambda la=layer, x=x: F.linear(x, la.weight, la.bias), repeats)
+            ours = median_seconds(lambda la=layer, x=x: la(x), repeats)
         seconds += min(plain, ours) * count
         flops += 2.0 * tokens * shape[0] * shape[1] * count
     return {"linear_s": seconds, "linear_flops": flops, "rate": flops / seconds}

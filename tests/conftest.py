@@ -155,6 +155,19 @@ def _measure_at_every_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measurements, "default_folder", lambda: None)
 
 
+@pytest.fixture
+def packed_up_to_8_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every decoder is measured, and packed measures fastest up to 8 rows, F.linear above."""
+    from kvboost_rag.core.model import linears
+
+    monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
+    monkeypatch.setattr(
+        linears,
+        "_ranked",
+        lambda layers, count, ways: [linears.PACKED if count <= 8 else linears.PLAIN, *ways],
+    )
+
+
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerFast:
     return make_tokenizer()

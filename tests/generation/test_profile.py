@@ -12,7 +12,6 @@ import pytest
 from conftest import make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.quantized import quantize
 
 CORE = Path(__file__).resolve().parents[2] / "core"
@@ -29,15 +28,8 @@ def test_a_plain_engine_reads_back_its_choices(tokenizer: Any) -> None:
     assert profile.drafts == "a lone row feeds every draft"
 
 
-def test_measured_ways_and_quantized_weights_show(
-    monkeypatch: pytest.MonkeyPatch, tokenizer: Any
-) -> None:
-    monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
-    monkeypatch.setattr(
-        linears,
-        "_ranked",
-        lambda layers, count, ways: [linears.PACKED if count <= 8 else linears.PLAIN, *ways],
-    )
+@pytest.mark.usefixtures("packed_up_to_8_rows")
+def test_measured_ways_and_quantized_weights_show(tokenizer: Any) -> None:
     engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(fidelity="exact"))
     profile = engine._handle.profile()
     assert profile.linear_ways == dict.fromkeys((1, 2, 4, 8), "packed")

@@ -231,17 +231,10 @@ def test_packing_is_a_candidate_only_up_to_its_size_limit(monkeypatch: pytest.Mo
     assert all(linears.PACKED not in ways for ways in offered)
 
 
-def test_the_engines_runner_measures_its_counts_when_it_warms_up(
-    monkeypatch: pytest.MonkeyPatch, tokenizer: Any
-) -> None:
+@pytest.mark.usefixtures("packed_up_to_8_rows")
+def test_the_engines_runner_measures_its_counts_when_it_warms_up(tokenizer: Any) -> None:
     from kvboost_rag import KVBoost, KVBoostConfig
 
-    monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
-    monkeypatch.setattr(
-        linears,
-        "_ranked",
-        lambda layers, count, ways: [linears.PACKED if count <= 8 else linears.PLAIN, *ways],
-    )
     model = make_model("llama")
     engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))
     assert engine._handle.executor.batch.runner.ways == linears.Ways(
