@@ -129,6 +129,16 @@ def weights_list(text: str) -> list[str | None]:
     return picked
 
 
+def add_weights(parser: argparse.ArgumentParser) -> None:
+    """``--weights int8|int4``: the model's linear weights stored quantized (the
+    checkpoint's when not given), as ``KVBoost.from_pretrained(weights=)`` takes them."""
+    parser.add_argument(
+        "--weights",
+        choices=["int8", "int4"],
+        help="the model's linear weights stored quantized (default: the checkpoint's)",
+    )
+
+
 def dtype_list(text: str) -> list[str]:
     """An argparse type: comma-separated dtype names ("bfloat16,float32")."""
     return [dtype_name(part.strip()) for part in text.split(",")]

@@ -252,6 +252,8 @@ def bad_usage(tmp_path: Path) -> list[list[str]]:
         ["bench", "--no-such-option"],
         ["bench", "chat", "--repeats", "0"],
         ["bench", "load", "--dtype", "int8"],
+        ["bench", "load", "--weights", "int2"],
+        ["bench", "latency", "--weights", "q4_k_m"],
         ["bench", "step", "--parts", "whole,kernels"],
         ["bench", "step", "--parts", ""],
     ]

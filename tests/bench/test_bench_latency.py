@@ -12,14 +12,16 @@ import pytest
 pytestmark = pytest.mark.embedded
 
 
-def run(name: str, out) -> dict:  # type: ignore[no-untyped-def]
+def run(name: str, out, *more: str) -> dict:  # type: ignore[no-untyped-def]
     command = [sys.executable, "-m", "kvboost_rag.cli", "bench", name, "--quick", "--out", str(out)]
     # fp32: greedy answers are compared token for token (bf16 kernels may break ties apart)
-    command += ["--threads", "1", "--dtype", "float32"]
+    command += ["--threads", "1", "--dtype", "float32", *more]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     (report,) = [json.loads(p.read_text()) for p in out.glob(f"{name}-*.json")]
-    assert (out / f"{name}-{report['machine']['dtype']}.png").stat().st_size > 0
+    weights = report.get("weights", "checkpoint")
+    stem = report["machine"]["dtype"] + ("" if weights == "checkpoint" else f"-{weights}")
+    assert (out / f"{name}-{stem}.png").stat().st_size > 0
     return report
 
 
@@ -47,6 +49,13 @@ def test_latency_report_holds_every_system_and_its_ratios(tmp_path) -> None:
             if (r["scenario"], r["length"]) == cell
         ]
         assert line["ttlt_ms_paired_x"] == pytest.approx(statistics.median(pairs))
+
+
+def test_latency_runs_on_the_weights_asked_for(tmp_path) -> None:
+    report = run("latency", tmp_path, "--weights", "int8")
+    assert report["weights"] == "int8" and (tmp_path / "latency-float32-int8.json").exists()
+    for row in report["rows"]:  # generate and the engine on the same quantized model
+        assert row["runs"]["exact"]["token_ids"] == row["runs"]["generate"]["token_ids"]
 
 
 def test_decode_report_counts_what_each_system_generated(tmp_path) -> None:

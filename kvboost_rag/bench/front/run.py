@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
+from kvboost_rag.arguments import (
+    ArgumentParser,
+    add_weights,
+    dtype_name,
+    positive,
+    positive_list,
+)
 from kvboost_rag.bench.common import systems
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import passages
@@ -222,11 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dtype", default=None, type=dtype_name, help="float32 or bfloat16 (default: auto)"
     )
-    parser.add_argument(
-        "--weights",
-        choices=["int8", "int4"],
-        help="the model's linear weights stored quantized (default: the checkpoint's)",
-    )
+    add_weights(parser)
     parser.add_argument("--systems", choices=sorted(SYSTEM_SETS), default="front")
     parser.add_argument("--quick", action="store_true", help="one query per cell, fewer cells")
     parser.add_argument("--queries", type=positive, help="main-table queries per task")

@@ -22,7 +22,7 @@ for between requests and reported as ``background_ms``, so no system's timing in
 another's work. TTFT is the call to the first token, tokenization included; TTLT the call
 to the last; ms/token the time after the first token over the tokens after it. The floor
 is one forward of only the prompt's tokens after its last passage over a ready cache.
-Prints the table and writes ``latency-<dtype>.json`` / ``.txt`` / ``.png``.
+Prints the table and writes ``latency-<dtype>[-<weights>].json`` / ``.txt`` / ``.png``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
+from kvboost_rag.arguments import (
+    ArgumentParser,
+    add_weights,
+    dtype_name,
+    positive,
+    positive_list,
+)
 from kvboost_rag.bench.common.baseline import TokenCollector, write_report
 from kvboost_rag.bench.common.corpus import (
     FactPassage,
@@ -247,13 +253,14 @@ def _after_last_passage(base: KVBoost, docs: list[FactPassage], asked: FactPassa
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
     start, load = time.perf_counter(), os.getloadavg()
-    base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    base = KVBoost.from_pretrained(args.model, dtype=args.dtype, weights=args.weights)
     pool = fact_passages(passages(base.tokenizer, args.chunk_tokens, args.pool), args.seed)
     rows = scenario("warm", base, pool, args)
     rows += scenario("cold", base, pool, args)
     return {
         "command": "kvboost-rag bench latency " + " ".join(args.argv),
         "model": args.model,
+        "weights": args.weights or "checkpoint",
         "quick": args.quick,
         "machine": machine(base),
         "settings": {k: getattr(args, k) for k in ("lengths", "requests", "pool", "chunk_tokens")},
@@ -278,6 +285,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=positive, default=4, help="requests per scenario/length")
     parser.add_argument("--pool", type=positive, default=24, help="passages in the warm pool")
     parser.add_argument("--chunk-tokens", type=positive, default=200, help="tokens per passage")
+    add_weights(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=positive, default=None, help="default: all cores")
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
@@ -296,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     transcript = Transcript()
     for line in table(report).splitlines():
         transcript.say(line)
-    dtype = report["machine"]["dtype"]
+    dtype = report["machine"]["dtype"] + (f"-{args.weights}" if args.weights else "")
     write_report(args.out, f"latency-{dtype}.json", report)
     (args.out / f"latency-{dtype}.txt").write_text(transcript.text())
     draw(report, args.out / f"latency-{dtype}.png")

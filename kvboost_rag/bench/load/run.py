@@ -19,7 +19,8 @@ by a barrier), ``--rounds`` times with new questions, on every system in turn:
 TTFT is wall time from the call to the first streamed text delta, TTLT to the end;
 aggregate tokens/s and requests/s divide by the time from the first start to the last end.
 Every system runs on one loaded model with one torch thread count; one untimed request per
-system comes first. Prints the table and writes ``load-<dtype>.json`` / ``.txt`` / ``.png``.
+system comes first. Prints the table and writes ``load-<dtype>[-<weights>].json`` / ``.txt`` /
+``.png``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
+from kvboost_rag.arguments import ArgumentParser, add_weights, dtype_name, positive
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import passages
 from kvboost_rag.bench.common.systems import machine
@@ -153,7 +154,7 @@ def as_json(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
     start, load = time.perf_counter(), os.getloadavg()
-    base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    base = KVBoost.from_pretrained(args.model, dtype=args.dtype, weights=args.weights)
     texts = passages(base.tokenizer, args.chunk_tokens, args.passages)
     levels = [int(n) for n in args.levels.split(",")]
     requests = rag_requests(texts, args.k, 1 + args.rounds * sum(levels), args.seed)
@@ -163,6 +164,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": "kvboost-rag bench load " + " ".join(args.argv),
         "model": args.model,
+        "weights": args.weights or "checkpoint",
         "quick": args.quick,
         "machine": machine(base),
         "settings": {**settings, "levels": levels, "passages": len(texts)},
@@ -189,6 +191,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=positive, default=48)
     parser.add_argument("--passages", type=positive, default=48, help="corpus size")
     parser.add_argument("--chunk-tokens", type=positive, default=200, help="tokens per passage")
+    add_weights(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=positive, default=None, help="default: all cores")
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     transcript = Transcript()
     for line in table(report).splitlines():
         transcript.say(line)
-    dtype = report["machine"]["dtype"]
+    dtype = report["machine"]["dtype"] + (f"-{args.weights}" if args.weights else "")
     write_report(args.out, f"load-{dtype}.json", report)
     (args.out / f"load-{dtype}.txt").write_text(transcript.text())
     draw(report, args.out / f"load-{dtype}.png")
