@@ -122,10 +122,10 @@ def warm_folder(args: argparse.Namespace) -> None:
     except ValueError as error:  # a file that cannot be a passage: the data, not the usage
         raise CommandFailed(str(error)) from error
     print(
-        f"warmed {report.documents} files into {report.units} passages "
+        f"warmed {_count(report.documents, 'file')} into {_count(report.units, 'passage')} "
         f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
         f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s"
-        + (f"; skipped {skipped} files (warned above)" if skipped else "")
+        + (f"; skipped {_count(skipped, 'file')} (warned above)" if skipped else "")
     )
     stats = engine.stats()
     if "disk" in report.failed:
@@ -178,6 +178,10 @@ def read_texts(files: list[Path], strict: bool) -> tuple[list[FileText], int]:
         warnings.warn(f"skipping {path}: {problem}", stacklevel=2)
         skipped += 1
     return texts, skipped
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -126,7 +126,7 @@ def test_warm_loads_the_weights_asked_for(
     folder.mkdir()
     (folder / "0.txt").write_text(NOTES[0])
     main(["warm", str(folder), "--cache-dir", str(tmp_path / "cache"), "--weights", "int4"])
-    assert "warmed 1 files into 1 passages" in capsys.readouterr().out
+    assert "warmed 1 file into 1 passage " in capsys.readouterr().out
     layer = tiny_engines[0].model.model.layers[0].mlp.up_proj
     assert type(layer) is QuantizedLinear and layer.kind == "int4"
 
