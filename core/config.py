@@ -146,7 +146,8 @@ class KVBoostConfig:
     # for oneDNN where that measures faster at the forward's row count
     # (core/model/linears.py: SmolLM2's at 900 rows 1.15 against 1.58 s, at 9 rows 27
     # against 73 ms, 2-core CPU, fp32), at the cost of a second copy of those weights in
-    # memory (for decoders with up to 2 GiB of them). False: this engine does not make the
+    # memory (for decoders whose linear weights take up to a quarter of the machine's memory;
+    # Qwen2.5-Coder-1.5B in bf16 packs on 16 GiB). False: this engine does not make the
     # model keep that copy; a model none of whose engines allow it keeps none, and once
     # one does, every engine on the model takes it (one speed profile a model).
     packed_linears: bool = True

@@ -18,13 +18,14 @@ prefill. torch's ``F.linear`` (``x @ W.T``) is not the fastest way on every CPU 
   | packed | 35 | 27 | 23 | 22 | 27 | 35 | 100 | 316 | 1146 |
 
   It costs a second copy of the decoder's weights in memory, so it is only a candidate for
-  decoders up to ``PACKED_BYTES`` of linear weights. Taken packed, the projections a layer
-  applies to one input one after another (its attention's query, key and value, its
-  MLP's gate and up: ``SIBLINGS``) are one product over their stacked weights (``Fused``),
-  as vLLM's merged layers are: fewer, larger products, and each costs a fixed start-up on
-  top of its arithmetic. One decoder layer's five of them at 8 rows took 393 us one by one
-  and 292 us fused on the thread that loaded the model, 694 and 356 us on another thread,
-  where OpenMP wakes its workers for every product (2-core AMD EPYC with AVX-512, fp32).
+  decoders whose linear weights fit ``PACKED_BYTES`` (a quarter of the machine's memory).
+  Taken packed, the projections a layer applies to one input one after another (its
+  attention's query, key and value, its MLP's gate and up: ``SIBLINGS``) are one product
+  over their stacked weights (``Fused``), as vLLM's merged layers are: fewer, larger
+  products, and each costs a fixed start-up on top of its arithmetic. One decoder layer's
+  five of them at 8 rows took 393 us one by one and 292 us fused on the thread that loaded
+  the model, 694 and 356 us on another thread, where OpenMP wakes its workers for every
+  product (2-core AMD EPYC with AVX-512, fp32).
 
 Which way each row count takes is measured per model when the engine warms up
 (``measure``): on the model's own weights (enough of them to stream from memory, as a step
@@ -39,6 +40,7 @@ table says (``adopt`` sets the tables): no state outside the layer decides it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -57,7 +59,22 @@ REPEATS = 3
 # F.linear): the timing would decide by noise, and two engines on equal tiny models would
 # round their logits differently.
 MEASURED_BYTES = 4 << 20
-PACKED_BYTES = 2 << 30  # packing is a candidate up to this much of linear weights
+
+
+def _quarter_of_memory() -> int:
+    """A quarter of this machine's physical memory (2 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):
+        return 2 << 30
+
+
+# Packing is a candidate up to this much of linear weights: the packed copy is a second one
+# in memory, kept to a quarter of the machine's. It was 2 GiB, set on SmolLM2; at
+# Qwen2.5-Coder-1.5B (2.6 GB of bf16 linear weights) packed products measured 182 against
+# 215 ms at 1 row and 127 against 193 ms at 8 rows for the decoder's 196 layers
+# (``kvboost-rag bench step --parts linears``, 2-core Xeon, one run), so the limit moved.
+PACKED_BYTES = _quarter_of_memory()
 
 # Sibling projections: each decoder module's children of these names, applied to one input
 # in one forward (Llama's attention and MLP, and the models that name them alike).
