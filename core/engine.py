@@ -113,11 +113,11 @@ class KVBoost:
 
         ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
         hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
-        available). ``weights``: "int8" or "int4" stores the linear layers' weights
-        quantized (CPU only: a decoding step reads a half or a quarter of the bytes; see
-        ``model/quantized.py``), None keeps the checkpoint's. ``config``: how the engine
-        caches (``KVBoostConfig``). Other keyword
-        arguments go to transformers' ``from_pretrained`` (``device_map``,
+        available). ``weights``: "int8", "int4" or "int8-dynamic" stores the linear layers'
+        weights quantized (CPU only: a decoding step reads a half or a quarter of the bytes;
+        "int8-dynamic" quantizes each input row to int8 too; see ``model/quantized.py``),
+        None keeps the checkpoint's. ``config``: how the engine caches (``KVBoostConfig``).
+        Other keyword arguments go to transformers' ``from_pretrained`` (``device_map``,
         ``attn_implementation``, ...). Every argument is checked before anything loads:
         ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
         for the others."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from kvboost_rag.core.model.loading import check_dtype
+from kvboost_rag.core.model.quantized import WEIGHTS
 
 USAGE = 2  # exit status of a command line that is wrong (argparse's)
 FAILED = 1  # exit status of a command that ran and could not do its job
@@ -123,18 +124,19 @@ def weights_list(text: str) -> list[str | None]:
     ("checkpoint,int8,int4"; checkpoint: as it has them, None)."""
     picked: list[str | None] = []
     for part in (p.strip() for p in text.split(",")):
-        if part not in ("checkpoint", "int8", "int4"):
-            raise argparse.ArgumentTypeError(f"{part!r} is not one of checkpoint, int8, int4")
+        if part != "checkpoint" and part not in WEIGHTS:
+            names = ", ".join(("checkpoint", *WEIGHTS))
+            raise argparse.ArgumentTypeError(f"{part!r} is not one of {names}")
         picked.append(None if part == "checkpoint" else part)
     return picked
 
 
 def add_weights(parser: argparse.ArgumentParser) -> None:
-    """``--weights int8|int4``: the model's linear weights stored quantized (the
+    """``--weights int8|int4|int8-dynamic``: the model's linear weights stored quantized (the
     checkpoint's when not given), as ``KVBoost.from_pretrained(weights=)`` takes them."""
     parser.add_argument(
         "--weights",
-        choices=["int8", "int4"],
+        choices=list(WEIGHTS),
         help="the model's linear weights stored quantized (default: the checkpoint's)",
     )
 

@@ -33,6 +33,7 @@ from kvboost_rag.arguments import (
     positive,
     say,
 )
+from kvboost_rag.core.model.quantized import WEIGHTS
 
 PROG = "kvboost-rag"
 SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
@@ -278,7 +279,7 @@ def parser() -> ArgumentParser:
     p.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
     p.add_argument(
         "--weights",
-        choices=["int8", "int4"],
+        choices=list(WEIGHTS),
         help="store the linear weights quantized (CPU; default: the checkpoint's)",
     )
     p.add_argument("--chunks", type=positive, default=96, help="essay chunks to index and warm")
@@ -340,7 +341,7 @@ def _warm_parser(sub: Any) -> None:
     w.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
     w.add_argument(
         "--weights",
-        choices=["int8", "int4"],
+        choices=list(WEIGHTS),
         help="store the linear weights quantized (CPU; default: the checkpoint's)",
     )
     w.add_argument("--fidelity", default="balanced", choices=["balanced", "fast"])

@@ -8,7 +8,8 @@ earlier start on this machine) and steers the forwards through one explicit chan
   ``linears.measure``; each ``EngineLinear`` reads its table (``linears.adopt``);
 - packed copies of the linear weights: kept once an engine's ``packed_linears`` allows
   them (``linears.adopt``);
-- int8 / int4 weights: ``from_pretrained(weights=)``; the model's ``QuantizedLinear``s;
+- int8 / int4 / int8-dynamic weights: ``from_pretrained(weights=)``; the model's
+  ``QuantizedLinear``s;
 - the packed head: ``PackedHead``'s check; ``Runner.run_rows`` applies it;
 - attention split at a cached prefix, few-query decoding steps: the ``Runner`` says so per
   forward in an ``attention.Forward``, passed as the model call's ``kvboost`` keyword;
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 class SpeedProfile:
     device: str
     dtype: str
-    weights: str  # "checkpoint", or the quantized kind ("int8", "int4")
+    weights: str  # "checkpoint", or the quantized kind (``quantized.WEIGHTS``)
     linear_ways: dict[int, str]  # measured row count -> way, where not F.linear
     packed_linears: bool  # whether packed copies are kept and taken
     packed_head: str  # "packed", "model's head", or "not checked yet"

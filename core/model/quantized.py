@@ -1,4 +1,4 @@
-"""Weight-only int8 / int4 linear layers on a CPU: ``from_pretrained(weights="int8" | "int4")``.
+"""Quantized linear layers on a CPU: ``from_pretrained(weights="int8" | "int4" | "int8-dynamic")``.
 
 A decoding step at 1.5B is memory-bound: it reads every weight once per token, ~3 GB in
 bf16. Stored in int8 (one scale per output row) or int4 (a scale and a zero per group of
@@ -18,19 +18,36 @@ torchao was the first candidate (the issue asks for a maintained library): on th
 every product: 23 ms at 1 row against 8.7 ms for ``_weight_int8pack_mm`` and 10.4 ms for
 the bf16 product (a loaded machine; ratios from one run), and torchao 0.18 has no CPU int4
 layout. So the layers below hold what the aten kernels take and nothing else.
+
+``_weight_int8pack_mm`` converts every weight in its inner loop: over 24 distinct
+8960 x 1536 layers (more than the caches hold) it read int8 at 9.7 GB/s where ``F.linear``
+read bf16 at 14.4 GB/s (one row, 2-core Xeon), and its time grows with every row a draft
+adds. ``"int8-dynamic"`` keeps the same int8 weights and quantizes each input row to int8
+as well (symmetric, one scale per row, computed on the fly: what torchao calls dynamic int8
+activations and vLLM W8A8), so the product is integer arithmetic in oneDNN's kernel
+(``onednn.qlinear_pointwise``, the op PyTorch's own x86 quantization lowers to), whose
+time stays about flat up to 16 rows and which a prefill takes too. At 1.5B its one-row
+decoding step took 174 ms against int8's 191 and bf16's 225 (``docs/bench/decode.md``).
+Integer sums are exact and each row has its own scale, so a row's output does not depend
+on which rows share its forward. It changes the numerics beyond the weights (8-bit
+inputs), so it is its own choice with its own accuracy on the front
+(``docs/guides/models.md``), and it holds the int8 weight twice (its own, which the
+fingerprint and ``dequantized`` read, and oneDNN's packed copy: two bytes a weight, like
+bf16).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
 from kvboost_rag.core.model.packed import median_seconds
 
-WEIGHTS = ("int8", "int4")
+Weights = Literal["int8", "int4", "int8-dynamic"]
+WEIGHTS: tuple[str, ...] = get_args(Weights)
 GROUPS = (128, 64, 32)  # int4 group sizes, largest first: the first that divides a layer's inputs
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)  # where the kernel may still beat a dense product
 DTYPES = (torch.bfloat16, torch.float32)
@@ -49,6 +66,11 @@ def check_weights(weights: object, device: torch.device) -> str | None:
             f"weights={weights!r} runs on a CPU; on a GPU install the 'awq' extra and load "
             "an AWQ checkpoint"
         )
+    if weights == "int8-dynamic" and not torch.backends.mkldnn.is_available():
+        raise ValueError(
+            "weights='int8-dynamic' needs PyTorch built with oneDNN (x86 CPUs); "
+            "weights='int8' runs everywhere"
+        )
     return weights  # type: ignore[return-value]
 
 
@@ -57,9 +79,11 @@ class QuantizedLinear(torch.nn.Module):
     not kept). ``rows``: up to how many input rows the quantized kernel runs."""
 
     # buffers: int8's weight and row scales; int4's nibbles (two per byte, in order), the
-    # kernel's packed copy, and per group and row a scale and a zero
+    # kernel's packed copy, and per group and row a scale and a zero; int8-dynamic's int8
+    # buffers and the bits its inputs are quantized to (so its fingerprint is not int8's)
     q: torch.Tensor
     scale: torch.Tensor
+    input_bits: torch.Tensor
     nibbles: torch.Tensor
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
@@ -72,11 +96,20 @@ class QuantizedLinear(torch.nn.Module):
         weight = linear.weight.detach()
         self.dtype = weight.dtype
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), False)
-        if kind == "int8":
+        if kind in ("int8", "int8-dynamic"):
             scale = weight.float().abs().amax(1).clamp(min=1e-8) / 127
-            q = torch.round(weight.float() / scale[:, None]).clamp(-128, 127)
-            self.register_buffer("q", q.to(torch.int8))
-            self.register_buffer("scale", scale.to(weight.dtype))
+            q = torch.round(weight.float() / scale[:, None]).clamp(-128, 127).to(torch.int8)
+            self.register_buffer("q", q)
+            if kind == "int8":
+                self.register_buffer("scale", scale.to(weight.dtype))
+                return
+            self.register_buffer("scale", scale)  # float32: the kernel scales its int32 sums
+            if self.bias is not None:  # added to the float32 sums
+                self.bias = torch.nn.Parameter(self.bias.float(), False)
+            self.register_buffer("input_bits", torch.tensor(8, dtype=torch.int8))
+            # oneDNN's packed layout (an opaque tensor, no state of its own: not a buffer)
+            self.onednn_weight = torch.ops.onednn.qlinear_prepack(q, None)
+            self.zero_points = torch.zeros(self.out_features, dtype=torch.int32)
             return
         self.group = next(g for g in GROUPS if self.in_features % g == 0)
         groups = weight.float().reshape(self.out_features, -1, self.group)
@@ -104,9 +137,15 @@ class QuantizedLinear(torch.nn.Module):
             return grouped and linear.out_features % 16 == 0
         return True
 
+    @property
+    def dynamic(self) -> bool:
+        """Whether the inputs are quantized too (``int8-dynamic``): then every row count
+        takes the kernel, whose numerics a dense product would not reproduce."""
+        return self.kind == "int8-dynamic"
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight the quantized copy stands for, in ``dtype``."""
-        if self.kind == "int8":
+        if self.kind != "int4":
             # int8 times ``dtype`` promotes to ``dtype``: the same values as converting q first,
             # in less than half the time (8960x1536: 4.5 against 10.5 ms, one busy machine)
             return torch.mul(self.q, self.scale.to(dtype)[:, None])
@@ -118,6 +157,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if self.dynamic:
+            return self.kernel(flat).view(*x.shape[:-1], self.out_features)
         if flat.shape[0] > self.rows or x.dtype != self.dtype:
             out = F.linear(flat, self.dequantized(x.dtype), self.bias)
             return out.view(*x.shape[:-1], self.out_features)
@@ -127,16 +168,35 @@ class QuantizedLinear(torch.nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.dynamic:
+            return self.dynamic_product(flat)
         if self.kind == "int8":
             return torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
             flat, self.packed, self.group, self.scales_and_zeros
         )
 
+    def dynamic_product(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` quantized to int8 per row, times the int8 weight in integers; each row's
+        sums scaled by its input's and each output's weight scale, in ``flat``'s dtype."""
+        x = flat.float()
+        step = x.abs().amax(1, keepdim=True).clamp(min=1e-30) / 127
+        # Symmetric int8 values (|x / step| <= 127), given to oneDNN as uint8 with zero point
+        # 128: the same sums, and its uint8 kernels have no slow shapes (int8 inputs took
+        # 7.4 ms for a 1536 x 256 layer at one row against 0.04 ms, 2-core Xeon)
+        q = torch.round(x / step).add_(128).to(torch.uint8)
+        sums = torch.ops.onednn.qlinear_pointwise(
+            q, 1.0, 128, self.onednn_weight, self.scale, self.zero_points,
+            None, 1.0, 0, torch.float32, "none", [], "",
+        )  # fmt: skip
+        out = sums.mul_(step) if self.bias is None else torch.addcmul(self.bias, sums, step)
+        return out.to(flat.dtype)
+
     def extra_repr(self) -> str:
+        rows = "every row count" if self.dynamic else f"up to {self.rows} rows"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"weights={self.kind}, kernel up to {self.rows} rows"
+            f"weights={self.kind}, kernel {rows}"
         )
 
 
@@ -177,6 +237,9 @@ def measure(layer: QuantizedLinear, repeats: int = 3) -> tuple[int, dict[int, fl
         for count in ROW_COUNTS:
             x = torch.randn(count, layer.in_features, dtype=layer.dtype)
             kernel = median_seconds(lambda x=x: layer.kernel(x), repeats)
+            if layer.dynamic:  # the kernel at every count: nothing to weigh it against
+                best, costs[count] = count, kernel
+                continue
             dense = median_seconds(lambda x=x: F.linear(x, layer.dequantized(x.dtype)), repeats)
             winning = winning and kernel < dense
             best = count if winning else best

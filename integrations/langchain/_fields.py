@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
 from kvboost_rag.core.config import Fidelity, KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.model.quantized import Weights
 from kvboost_rag.integrations._common import (
     DEFAULT_MODEL,
     SAMPLING_OPTIONS,
@@ -59,7 +60,7 @@ class KVBoostFields(SamplingFields):
     device: str | None = Field(
         default=None, strict=True, description="Device to load on; auto if None."
     )
-    weights: Literal["int8", "int4"] | None = Field(
+    weights: Weights | None = Field(
         default=None,
         description="Store the linear weights quantized (CPU); the checkpoint's if None.",
     )

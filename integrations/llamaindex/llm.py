@@ -134,7 +134,8 @@ class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
         **fields: Any,
     ) -> KVBoostLLM:
         """Load ``model_id`` (an embedded alias, a local path or an HF id) into a new engine
-        (``weights``: "int8" / "int4" to store the linear weights quantized, on a CPU)."""
+        (``weights``: "int8" / "int4" / "int8-dynamic" to store the linear weights quantized,
+        on a CPU)."""
         engine = load_engine(
             model_id,
             fidelity=fidelity,

@@ -1,7 +1,8 @@
-"""Weight-only int8 / int4 layers (``from_pretrained(weights=...)``, issue 49): the quantized
-kernels compute the product of the weight the layer stands for, that weight is within half
-a quantization step of the float one, and an engine over a quantized model gives
-``model.generate``'s tokens on that same model."""
+"""Quantized layers (``from_pretrained(weights=...)``, issue 49): the weight-only kernels
+(int8, int4) compute the product of the weight the layer stands for, int8-dynamic the
+product of each row quantized to int8 with it, whatever rows share the forward; the weight
+is within half a quantization step of the float one, and an engine over a quantized model
+gives ``model.generate``'s tokens on that same model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.quantized import GROUPS, QuantizedLinear, check_weights, quantize
 
-KINDS = ["int8", "int4"]
+KINDS = ["int8", "int4"]  # weight-only
+ALL_KINDS = [*KINDS, "int8-dynamic"]
 
 
 def layer(in_features: int = 256, out_features: int = 96, bias: bool = True) -> torch.nn.Linear:
@@ -36,12 +38,40 @@ def test_the_kernel_computes_the_dequantized_weights_product(
     torch.testing.assert_close(dense(x), expected, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_dynamic_multiplies_each_row_quantized_to_int8(
+    dtype: torch.dtype, bias: bool
+) -> None:
+    quantized = QuantizedLinear(layer(bias=bias).to(dtype), "int8-dynamic")
+    x = torch.randn(2, 5, 256, dtype=dtype)
+    x[0, 1, 7] = 40.0  # an outlier: its row's scale only
+    rows = x.double().reshape(-1, 256)
+    step = rows.abs().amax(1, keepdim=True) / 127
+    q = torch.round(rows / step)
+    expected = (q @ quantized.q.double().T) * quantized.scale.double() * step
+    if bias:
+        expected = expected + quantized.bias.double()
+    got = quantized(x)
+    assert got.dtype == dtype and got.shape == (2, 5, 96)
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(
+        got.double().reshape(-1, 96), expected, atol=tolerance, rtol=tolerance
+    )
+    # Integer sums and a scale per row: a row's output is the same alone or among others
+    for i in range(5):
+        assert torch.equal(quantized(x[:, i : i + 1]), got[:, i : i + 1])
+    # and near the float product (8-bit inputs: about 1% of its size on random inputs)
+    dense = F.linear(x.float(), quantized.dequantized(torch.float32), quantized.bias)
+    assert float((got.float() - dense).norm() / dense.norm()) < 0.03
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_the_quantized_weight_is_within_half_a_step_of_the_float_one(kind: str) -> None:
     linear = layer(in_features=192)  # int4: groups of 64 (192 is no multiple of 128)
     quantized = QuantizedLinear(linear, kind)
     error = (quantized.dequantized(torch.float32) - linear.weight).abs()
-    if kind == "int8":
+    if kind != "int4":
         step = quantized.scale[:, None]
     else:
         assert quantized.group == 64
@@ -65,7 +95,7 @@ def test_layers_the_kernels_cannot_take_stay_float() -> None:
     assert all(128 % g == 0 for g in GROUPS)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_an_engine_over_a_quantized_model_gives_generates_tokens(kind: str, tokenizer) -> None:  # type: ignore[no-untyped-def]
     model = make_model("llama")
     before = model_fingerprint(model, tokenizer)
@@ -89,7 +119,9 @@ def test_weights_is_checked_before_anything_loads() -> None:
     assert check_weights(None, cpu) is None and check_weights("int4", cpu) == "int4"
     with pytest.raises(ValueError, match="runs on a CPU"):
         check_weights("int8", torch.device("meta"))
-    with pytest.raises(ValueError, match=r"weights must be one of 'int8', 'int4' or None"):
+    with pytest.raises(
+        ValueError, match=r"weights must be one of 'int8', 'int4', 'int8-dynamic' or None"
+    ):
         KVBoost.from_pretrained("no-such-model", weights="int5")
     with pytest.raises(ValueError, match="weights must be"):
         KVBoost.from_pretrained("no-such-model", weights=8)  # type: ignore[arg-type]
@@ -107,3 +139,12 @@ def test_the_adapters_load_quantized_weights() -> None:
     assert llm.engine.model.lm_head.kind == "int8"
     with pytest.raises(ValueError, match="weights"):
         ChatKVBoost(model_id="smollm2-135m-instruct", weights="int3")
+
+
+def test_int8_dynamic_kv_is_not_taken_for_int8s(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """The same int8 weights computed with 8-bit inputs give other KV: the fingerprint the
+    stores key passages by tells the two apart."""
+    weight_only, dynamic = make_model("llama"), make_model("llama")
+    quantize(weight_only, "int8")
+    quantize(dynamic, "int8-dynamic")
+    assert model_fingerprint(weight_only, tokenizer) != model_fingerprint(dynamic, tokenizer)

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvboost_rag.bench.common.chart import save
 from kvboost_rag.bench.common.metrics import median
+from kvboost_rag.core.model.quantized import WEIGHTS
 
 BASE = "generate"
 KINDS = ("extractive", "open-ended")
@@ -24,7 +25,7 @@ def base_of(system: str) -> str:
     """The ``generate`` of the same model as ``system``: engines over a model with int8 or
     int4 weights are named with it last ("ours, warm balanced, int8")."""
     weights = system.rsplit(", ", 1)[-1]
-    return f"{BASE}, {weights}" if weights in ("int8", "int4") else BASE
+    return f"{BASE}, {weights}" if weights in WEIGHTS else BASE
 
 
 def _tokens(request: dict[str, Any]) -> int:
