@@ -90,9 +90,7 @@ def model_support(model: Any, measurements: Measurements = FORGETFUL) -> ModelSu
 def copy_support(copied: Any, support: ModelSupport) -> ModelSupport:
     """The support of ``copied``, a copy of the model ``support`` describes (``view.py``):
     its own layers and attention modules, the same verdict (no probe run again)."""
-    decoder = copied.get_decoder() if hasattr(copied, "get_decoder") else copied.model
-    layers = tuple(getattr(decoder, "layers", ()))
-    attention = tuple(getattr(layer, "self_attn", None) for layer in layers)
+    _, layers, attention = _structure(copied)
     copy = replace(support, layers=layers, attention=attention)
     with _GUARD:
         _KNOWN[copied] = copy
@@ -108,12 +106,11 @@ def inspect_model(model: Any, measurements: Measurements = FORGETFUL) -> ModelSu
             f"{name} has {sorted(set(layer_types) - KV_LAYER_TYPES)} layers; kvboost-rag "
             f"reuses attention KV by position and supports {sorted(KV_LAYER_TYPES)} layers"
         )
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    layers = tuple(getattr(decoder, "layers", ()))
+    decoder, layers, attention = _structure(model)
     windows = {kw["sliding_window"] for kw in kwargs if "sliding_window" in kw}
     support = ModelSupport(
         layers=layers,
-        attention=tuple(getattr(layer, "self_attn", None) for layer in layers),
+        attention=attention,
         layer_types=tuple(layer_types),
         sliding_window=min(windows) if windows else None,
         rotaries=_rotaries(decoder, config, layer_types),
@@ -122,6 +119,13 @@ def inspect_model(model: Any, measurements: Measurements = FORGETFUL) -> ModelSu
     )
     reason = _refusal(name, support, windows) or _probe(model, support, measurements)
     return replace(support, passage_reuse=reason is None, reason=reason)
+
+
+def _structure(model: Any) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]]:
+    """``model``'s decoder, its layers and each layer's attention module (None if absent)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = tuple(getattr(decoder, "layers", ()))
+    return decoder, layers, tuple(getattr(layer, "self_attn", None) for layer in layers)
 
 
 def _rotaries(decoder: Any, config: Any, layer_types: list[str]) -> tuple[Rotary | None, ...]:
