@@ -18,6 +18,14 @@ USAGE = 2  # exit status of a command line that is wrong (argparse's)
 FAILED = 1  # exit status of a command that ran and could not do its job
 
 
+class CommandFailed(Exception):
+    """The command ran and could not do its job (exit status 1)."""
+
+
+class BadUsage(Exception):
+    """What the command was given cannot be done, found after parsing (exit status 2)."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line: ``prog: error: message (see prog
     --help)`` instead of the usage text and the message."""

@@ -25,6 +25,8 @@ from kvboost_rag.arguments import (
     FAILED,
     USAGE,
     ArgumentParser,
+    BadUsage,
+    CommandFailed,
     between,
     cache_folder,
     dtype_name,
@@ -37,14 +39,6 @@ from kvboost_rag.core.model.quantized import WEIGHTS
 
 PROG = "kvboost-rag"
 SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
-
-
-class CommandFailed(Exception):
-    """The command ran and could not do its job (exit status 1)."""
-
-
-class BadUsage(Exception):
-    """What the command was given cannot be done, found after parsing (exit status 2)."""
 
 
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
