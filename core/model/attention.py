@@ -21,6 +21,8 @@ keys 131 ms through the kernel's grouped heads against 76 ms as matrix products.
 engine's own forwards (``Forward.rows``) take that form for up to ``FEW_QUERIES`` queries
 a row (``few_query_attention``): scores, softmax and weighted sum in float32, the query
 heads of a group and their queries one matrix against their key-value head, read once.
+Those measurements were float32; in bf16 SDPA's grouped heads measured faster at every
+query count at 1.5B and 135M, so bf16 rows take them (``FEW_QUERY_DTYPES``).
 
 Registered as ``kvboost_sdpa`` (``install``) on the engine's own copy of the model
 (``view.py``; the user's model keeps its attention). What a forward may take is said by a
@@ -50,6 +52,14 @@ from kvboost_rag.core.model.hf_compat import (
 
 NAME = "kvboost_sdpa"
 FEW_QUERIES = 4  # queries per row that ``few_query_attention`` takes under a mask
+# The dtypes whose rows take it. In bf16 SDPA's grouped heads were faster at every query
+# count from 1 to 8, one row or eight over 900 keys, at both Qwen2.5-Coder-1.5B's shape
+# (12 query / 2 key-value heads of 128) and SmolLM2's (9 / 3 of 64): e.g. 1.2-1.4 against
+# 6.0-6.3 ms a layer for 8 rows of one query at 1.5B, 0.14-0.18 against 0.29-0.39 ms for
+# one (2-core Xeon, torch 2.13, three runs; ``scripts/attention_forms.py``, records
+# docs/bench/attention-forms-*). In float32 8 rows of one query took 5.5 ms grouped against
+# 1.4 ms at 1.5B's shape, so float32 keeps the form it was tuned with.
+FEW_QUERY_DTYPES = (torch.float32,)
 KEYWORD = "kvboost"  # the model call's keyword that carries a ``Forward``
 
 
@@ -229,7 +239,7 @@ def _grouped_under_mask(
         GROUPED_HEADS
         and getattr(module, "num_key_value_groups", 1) > 1
         and mask is not None
-        and query.shape[2] > 1
+        and (query.shape[2] > 1 or query.dtype not in FEW_QUERY_DTYPES)
         and query.device.type == "cpu"
         and not dropout
         and not any(kwargs.get(k) is not None for k in ("s_aux", "position_bias", "softcap"))
@@ -244,6 +254,7 @@ def _few_queries(
     # sinks (``s_aux``) and dropout stay with transformers'.
     return (
         (query.shape[2] == 1 or (mask is not None and query.shape[2] <= FEW_QUERIES))
+        and query.dtype in FEW_QUERY_DTYPES
         and query.device.type == "cpu"
         and not dropout
         and not kwargs.get("s_aux")

@@ -112,13 +112,12 @@ def test_few_query_attention_equals_sdpa(
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
-def test_few_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
-    """Only the forwards the engine marks as its rows' take the few-query form."""
+@pytest.fixture
+def few_query_calls(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """One entry per call of ``few_query_attention`` from here on."""
     from kvboost_rag.core.model import attention as attention_module
 
-    model = make_model("llama")
-    assert install(model)
-    calls = []
+    calls: list[int] = []
     original = attention_module.few_query_attention
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -126,6 +125,14 @@ def test_few_queries_outside_the_engine_are_sdpa_itself(monkeypatch) -> None:
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention_module, "few_query_attention", counting)
+    return calls
+
+
+def test_few_queries_outside_the_engine_are_sdpa_itself(few_query_calls) -> None:  # type: ignore[no-untyped-def]
+    """Only the forwards the engine marks as its rows' take the few-query form."""
+    calls = few_query_calls
+    model = make_model("llama")
+    assert install(model)
     ids = torch.randint(3, 90, (1, 10))
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=3, do_sample=False)
@@ -190,3 +197,32 @@ def test_a_users_torch_compile_traces_the_engines_attention_whole() -> None:
     compiled = torch.compile(run, backend="eager", fullgraph=True)  # a graph break raises
     want, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.25)
     torch.testing.assert_close(compiled(query, key, value), want)
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+def test_bf16_rows_take_sdpas_grouped_heads_float32_rows_the_few_query_form(
+    queries: int, few_query_calls
+) -> None:
+    """``FEW_QUERY_DTYPES``: in bf16 the engine's rows take SDPA's grouped heads at every
+    query count (measured faster, ``scripts/attention_forms.py``); float32 rows keep the
+    few-query products. Both give transformers' output."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvboost_rag.core.model import attention as attention_module
+
+    calls = few_query_calls
+    generator = torch.Generator().manual_seed(3)
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3  # type: ignore[assignment]
+    module.is_causal = True  # type: ignore[assignment]
+    steer = {KEYWORD: Forward(rows=True)}
+    for dtype, few, tolerance in ((torch.bfloat16, False, 2e-2), (torch.float32, True, 1e-5)):
+        calls.clear()
+        query = torch.randn(2, 6, queries, 16, generator=generator).to(dtype)
+        key, value = (torch.randn(2, 2, 41, 16, generator=generator).to(dtype) for _ in range(2))
+        mask = torch.rand(2, 1, queries, 41, generator=generator) > 0.3
+        mask[..., 0] = True
+        want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+        got, _ = attention_module.attention(module, query, key, value, mask, scaling=0.3, **steer)
+        assert bool(calls) is few, dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
