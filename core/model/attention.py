@@ -52,13 +52,14 @@ from kvboost_rag.core.model.hf_compat import (
 
 NAME = "kvboost_sdpa"
 FEW_QUERIES = 4  # queries per row that ``few_query_attention`` takes under a mask
-# The dtypes whose rows take it. In bf16 SDPA's grouped heads were faster at every query
-# count from 1 to 8, one row or eight over 900 keys, at both Qwen2.5-Coder-1.5B's shape
-# (12 query / 2 key-value heads of 128) and SmolLM2's (9 / 3 of 64): e.g. 1.2-1.4 against
-# 6.0-6.3 ms a layer for 8 rows of one query at 1.5B, 0.14-0.18 against 0.29-0.39 ms for
-# one (2-core Xeon, torch 2.13, three runs; ``scripts/attention_forms.py``, records
-# docs/bench/attention-forms-*). In float32 8 rows of one query took 5.5 ms grouped against
-# 1.4 ms at 1.5B's shape, so float32 keeps the form it was tuned with.
+# The dtypes whose rows take it. In bf16 SDPA's grouped heads were faster or within 8%, one
+# row or eight of 1-8 queries over 900 keys, at Qwen2.5-Coder-1.5B's shape (12 query / 2
+# key-value heads of 128) and SmolLM2's (9 / 3 of 64): at 1.5B 1.0 against 1.7 ms a layer
+# for 8 rows of one query, 0.12 against 0.22-0.25 for one, 3.4-3.6 against 4.9-7.8 for 8
+# rows of 8, within 8% either way for 8 rows of 2-4 (2-core Xeon, torch 2.13, two runs on
+# an idle machine; ``scripts/attention_forms.py``, records docs/bench/attention-forms-*).
+# In float32 8 rows of one query took 1.1-1.5 ms grouped against 0.8-1.2 at 1.5B's shape,
+# so float32 keeps the form it was tuned with.
 FEW_QUERY_DTYPES = (torch.float32,)
 KEYWORD = "kvboost"  # the model call's keyword that carries a ``Forward``
 
