@@ -36,8 +36,9 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-# The dtypes a model can compute in. Integer and 8-bit types are storage formats: quantized
-# weights load through ``quantization_config``, stored KV through ``KVBoostConfig.kv_codec``.
+# The dtypes a model can compute in. Integer and 8-bit types are storage formats: weights
+# quantize through ``weights=`` (or a quantized checkpoint's ``quantization_config``),
+# stored KV through ``KVBoostConfig.kv_codec``.
 COMPUTE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -60,12 +61,18 @@ def check_dtype(dtype: object) -> torch.dtype | None:
     hint = f" (did you mean {_DTYPE_ALIASES[name]!r}?)" if name in _DTYPE_ALIASES else ""
     if name.startswith(("int", "uint", "float8", "fp8")):
         hint = (
-            f"; {name} is a storage format, not a compute dtype: load a quantized checkpoint "
-            "(quantization_config=) or store KV compactly with KVBoostConfig(kv_codec=...)"
+            f"; {name} is a storage format, not a compute dtype: quantize the weights with "
+            f"weights={_weights_hint(name)!r} (on a CPU), load a quantized checkpoint "
+            "(quantization_config=), or store KV compactly with KVBoostConfig(kv_codec=...)"
         )
     raise ValueError(
         f"dtype must be one of {sorted(COMPUTE_DTYPES)} or None (auto), got {dtype!r}{hint}"
     )
+
+
+def _weights_hint(dtype: str) -> str:
+    """The ``weights=`` kind nearest a storage dtype someone passed as ``dtype``."""
+    return "int4" if dtype in ("int4", "uint4") else "int8"
 
 
 def check_device(device: object) -> torch.device:

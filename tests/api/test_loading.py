@@ -26,7 +26,11 @@ REFUSED = [
     ({"cache_dir": "/tmp/x"}, TypeError, r"config=KVBoostConfig\(cache_dir='/tmp/x'\)"),
     ({"torch_dtype": torch.float32}, TypeError, "pass dtype="),
     ({"dtype": "fp32"}, ValueError, r"dtype must be one of .* got 'fp32' \(did you mean 'float32'"),
-    ({"dtype": "int8"}, ValueError, "int8 is a storage format, not a compute dtype"),
+    (
+        {"dtype": "int8"},
+        ValueError,
+        "int8 is a storage format, not a compute dtype: quantize the weights with weights='int8'",
+    ),
     ({"dtype": torch.int8}, ValueError, "int8 is a storage format"),
     ({"dtype": "float16x"}, ValueError, "dtype must be one of"),
     ({"dtype": 16}, TypeError, "dtype must be a str or a torch.dtype"),
