@@ -39,7 +39,7 @@ from kvboost_rag.core.reuse.paragraphs import Breaks, paragraphs
 from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
 from kvboost_rag.core.reuse.passages import PassageCache, Prefix
 from kvboost_rag.core.reuse.plan import Plan
-from kvboost_rag.core.reuse.policy import ReusePolicy
+from kvboost_rag.core.reuse.policy import ReusePolicy, prefix_cost
 from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.reuse.shared import SentenceEnds
@@ -87,7 +87,9 @@ class Caches:
             model, support, config, store, fingerprint, special_prefix, tokenizer
         )
         self.policy = (
-            self.reuse.policy if self.reuse is not None else ReusePolicy(None, nearest=False)
+            self.reuse.policy
+            if self.reuse is not None
+            else ReusePolicy(None, nearest=False, prefix_cost=prefix_cost(model))
         )
         # An agent's or a conversation's next request extends this one: the KV it used
         # after its first reused passage (approximate, so never in the exact prefix cache)
@@ -301,7 +303,8 @@ def _passage_reuse(
     special_prefix: list[int],
     tokenizer: Any,
 ) -> PassageReuse | None:
-    policy = ReusePolicy(config.repair_settings(), nearest=config.prefix_fallback == "nearest")
+    nearest = config.prefix_fallback == "nearest"
+    policy = ReusePolicy(config.repair_settings(), nearest, prefix_cost(model))
     if policy.repair is None:  # fidelity "exact"
         return None
     if not support.passage_reuse:

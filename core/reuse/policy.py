@@ -22,13 +22,27 @@ from kvboost_rag.core.reuse.passages import Prefix
 from kvboost_rag.core.reuse.plan import Plan, PlannedPassage, Route, planned_passages
 from kvboost_rag.core.reuse.repair import RepairPlan, RepairSettings, get_strategy
 
-# A prefill over a cached prefix costs more per token than a plain one: its queries attend
-# to the cached keys as well, and its forward is smaller. Measured on SmolLM2-135M (bf16,
-# 2 cores, attention split by core/model/attention.py): 100 cached + 800 new tokens took
-# 1.19x a plain 900-token prefill's time per token (fp32: 1.04x), 200 + 700 1.09x (1.11x).
-# A cached prefix shorter than ~1/6 of the prompt is therefore ignored and the prompt
-# prefilled plainly, which is exact all the same.
+# A prefill over a cached prefix can cost more per token than a plain one: its queries
+# attend to the cached keys as well, and its forward is smaller. Measured on SmolLM2-135M
+# (bf16, 2 cores, attention split by core/model/attention.py): 100 cached + 800 new tokens
+# took 1.19x a plain 900-token prefill's time per token (fp32: 1.04x), 200 + 700 1.09x
+# (1.11x). A cached prefix shorter than ~1/6 of the prompt is therefore ignored on such a
+# model and the prompt prefilled plainly, which is exact all the same.
 MASKED_PREFILL_COST = 1.2
+# In a wider decoder the linear layers outweigh attending over the cached keys, and a
+# cached prefix of any length pays: 100 / 200 / 415 cached of an 830-token prompt took
+# 0.92 / 0.89 / 0.89x the plain prefill's time per token on Qwen2.5-Coder-1.5B and 0.88 /
+# 0.85 / 0.67x on 0.5B (hidden size 896), against 1.30 / 1.23 / 1.34x on SmolLM2-135M
+# (576) in the same runs (bf16, 2-core Xeon, ``scripts/step_constants.py --parts prefix``,
+# records docs/bench/constants-*). From this hidden size on, no cached prefix is ignored.
+WIDE_DECODER = 896
+
+
+def prefix_cost(model: Any) -> float:
+    """A token fed over a cached prefix, over one in a plain prefill, on ``model``."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    return 1.0 if isinstance(hidden, int) and hidden >= WIDE_DECODER else MASKED_PREFILL_COST
+
 
 # When more than this share of a prompt's passage tokens is not cached, encoding them alone
 # and repairing costs more than a plain prefill (measured 1.42x on a cold 8-passage prompt
@@ -50,6 +64,8 @@ SHORT_PASSAGE = 64
 class ReusePolicy:
     repair: RepairSettings | None  # None: no passage reuse (fidelity "exact")
     nearest: bool = True  # a passage may reuse the variant of another prefix
+    # a token fed over a cached prefix, over one in a plain prefill (``prefix_cost``)
+    prefix_cost: float = MASKED_PREFILL_COST
 
     def plan(
         self,
@@ -82,7 +98,7 @@ class ReusePolicy:
             why = f"passages average {total // len(passages)} tokens, under {SHORT_PASSAGE}"
         else:
             why = f"{missing} of {total} passage tokens not cached: encoded after the answer"
-        if (length - exact) * MASKED_PREFILL_COST >= length:
+        if (length - exact) * self.prefix_cost >= length:
             if exact:
                 why += f"; a cached prefix of {exact} tokens is too short to continue"
             exact, approx = 0, None
