@@ -280,6 +280,9 @@ class KVBoostConfig:
 # Drafted tokens verified per decoding step, by device, where speculation measured faster
 # (docs/bench/decode-bfloat16.txt: on a CPU a step verifying 8 drafted tokens costs about
 # one plain step, and RAG answers copy their passages); elsewhere off, as not measured.
+# In bf16 on a 2-core Xeon a lone row fed 9 tokens took 0.99x one fed 1 at
+# Qwen2.5-Coder-1.5B, 1.12x at 0.5B, 1.26x at SmolLM2-135M, and 17 tokens 1.35x / 1.73x /
+# 1.27x (``scripts/step_constants.py --parts draft``, docs/bench/constants-*). Kept.
 DEFAULT_DRAFT_TOKENS: dict[str, int] = {"cpu": 8}
 
 

@@ -1,16 +1,20 @@
-"""Eight requests at once with each rule of ``attention.FEW_QUERY_DTYPES``, end to end.
+"""Eight requests at once with each value of one of the engine's constants, end to end.
 
-    .venv/bin/python scripts/eight_rows_attention.py MODEL ROUNDS OUT.json
+    .venv/bin/python scripts/eight_rows.py MODEL ROUNDS OUT.json MODULE.NAME=V1 V2 ...
 
-One ``balanced`` engine over a warmed pool of 16 passages answers 8 RAG chat requests at
-once (8 threads), 64 tokens each (``min_new_tokens``); the rule switches between rounds,
-order alternating. Prints each round's wall time and writes JSON.
+One ``balanced`` engine over a warmed pool answers 8 RAG chat requests at once (8 threads),
+64 tokens each (``min_new_tokens``), of ``bench decode``'s two kinds (extractive: quote a
+passage; open-ended: in your own words). The constant ``NAME`` of the module
+``kvboost_rag.core.MODULE`` takes each value (Python expressions; ``torch`` is in scope)
+in turn between rounds, the order alternating. Prints each round's wall time and writes
+JSON. E.g. ``generation.drafting.BATCH_DRAFT_TOKENS=1 2`` or
+``model.attention.FEW_QUERY_DTYPES="(torch.float32,)" "(torch.float32, torch.bfloat16)"``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import random
 import statistics
 import sys
 import threading
@@ -19,24 +23,21 @@ from typing import Any
 
 import torch
 
-from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passages, warm_prefix
-from kvboost_rag.bench.latency.run import K, requests
-from kvboost_rag.core.model import attention
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.bench.common.corpus import warm_prefix
+from kvboost_rag.bench.decode.contenders import _passages
+from kvboost_rag.bench.decode.run import prompts
 
-RULES = {
-    "few-query in bf16 (before)": (torch.float32, torch.bfloat16),
-    "grouped SDPA in bf16 (after)": (torch.float32,),
-}
+KINDS = ("extractive", "open-ended")
 
 
-def answer_all(engine: KVBoost, prompts: list[Any]) -> tuple[float, list[Any]]:
-    out: list[Any] = [None] * len(prompts)
+def answer_all(engine: KVBoost, chats: list[Any]) -> tuple[float, list[Any]]:
+    out: list[Any] = [None] * len(chats)
 
     def run(i: int) -> None:
-        out[i] = engine.chat(prompts[i], max_new_tokens=64)
+        out[i] = engine.chat(chats[i], max_new_tokens=64)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(chats))]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -46,29 +47,42 @@ def answer_all(engine: KVBoost, prompts: list[Any]) -> tuple[float, list[Any]]:
 
 
 def main() -> None:
-    model, rounds, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    model, rounds, path, setting, *values = sys.argv[1:]
+    where, name = setting.split("=", 1)[0].rsplit(".", 1)
+    values = [setting.split("=", 1)[1], *values]
+    module = importlib.import_module(f"kvboost_rag.core.{where}")
+    choices = {value: eval(value, {"torch": torch}) for value in values}  # noqa: S307 - a lab script
     base = KVBoost.from_pretrained(model, dtype="bfloat16")
-    pool = fact_passages(passages(base.tokenizer, 200, 16), 0)
     engine = KVBoost(base.model, base.tokenizer, KVBoostConfig(fidelity="balanced"))
-    warm_corpus(engine, [p.text for p in pool], prefix=warm_prefix(), progress=False)
+    chats = {kind: prompts(base, kind, 8, 0) for kind in KINDS}
+    engine.warm_passages(_passages([c for k in KINDS for c in chats[k]]), prefix=warm_prefix())
     base.model.generation_config.min_new_tokens = 64
-    docs = requests(pool, 8, random.Random(3))
-    prompts = [messages_for(d, d[i % K].question) for i, d in enumerate(docs)]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in RULES}
-    for r in range(rounds):
-        order = list(RULES.items()) if r % 2 == 0 else list(RULES.items())[::-1]
-        for name, dtypes in order:
-            attention.FEW_QUERY_DTYPES = dtypes
-            wall, out = answer_all(engine, prompts)
-            tokens = sum(len(o.token_ids) for o in out)
-            runs[name].append(
-                {"wall_s": wall, "tokens": tokens, "answers": [o.token_ids for o in out]}
-            )
-            print(f"{r} {name}: wall {wall:.1f} s, {tokens} tokens", flush=True)
-    summary = {n: statistics.median(x["wall_s"] for x in v) for n, v in runs.items()}
-    print("median wall s:", json.dumps(summary))
+    runs: dict[str, list[dict[str, Any]]] = {f"{v} {k}": [] for v in choices for k in KINDS}
+    for r in range(int(rounds)):
+        order = list(choices.items()) if r % 2 == 0 else list(choices.items())[::-1]
+        for value, chosen in order:
+            setattr(module, name, chosen)
+            for kind in KINDS:
+                wall, out = answer_all(engine, chats[kind])
+                tokens = sum(len(o.token_ids) for o in out)
+                answers = [o.token_ids for o in out]
+                runs[f"{value} {kind}"].append(
+                    {"wall_s": wall, "tokens": tokens, "answers": answers}
+                )
+                print(
+                    f"{r} {name}={value} {kind}: {wall:.1f} s, {tokens / wall:.1f} tokens/s",
+                    flush=True,
+                )
+    summary = {
+        run: statistics.median(x["tokens"] / x["wall_s"] for x in v) for run, v in runs.items()
+    }
+    print("median tokens/s:", json.dumps(summary))
     with open(path, "w") as f:
-        json.dump({"model": model, "runs": runs, "median_wall_s": summary}, f, indent=1)
+        json.dump(
+            {"model": model, "constant": f"{where}.{name}", "runs": runs, "tokens_per_s": summary},
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

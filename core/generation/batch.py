@@ -39,12 +39,16 @@ from kvboost_rag.core.model.quantized import row_cost
 # Fill tokens per turn while other requests decode: a build then delays their next token
 # by one such forward, not by the whole prompt. Smaller chunks cost more per token (each
 # re-reads the row's cached keys; 512 measured 1.18 ms per prompt token against 0.88 for a
-# whole ~830-token prompt), so a typical RAG prompt is one chunk.
+# whole ~830-token prompt), so a typical RAG prompt is one chunk. At Qwen2.5-Coder-1.5B
+# (bf16, twice): chunks of 512 cost 1.07-1.09x and of 256 1.35-1.40x the whole prompt's
+# time per token (``scripts/step_constants.py --parts fill``, docs/bench/constants-*). Kept.
 FILL_TOKENS = 1024
 # Building rows filled in one forward. On a CPU a forward is compute-bound: rows filled
 # together gain nothing and take the masked, padded path (measured on SmolLM2, bf16, 2
 # cores: 1.25 ms per prompt token for 2-3 rows filled together, 0.88 for one alone), so a
-# CPU fills one row a turn; an accelerator batches them.
+# CPU fills one row a turn; an accelerator batches them. At Qwen2.5-Coder-1.5B (bf16, twice)
+# two rows of 830 tokens together cost 1.06-1.13x one alone per token, 1.13-1.37x padded
+# to the longer (``scripts/step_constants.py --parts fill``, docs/bench/constants-*). Kept.
 FILL_ROWS = {"cpu": 1}
 
 

@@ -33,7 +33,12 @@ from kvboost_rag.core.generation.request import Request
 # one step of 8 rows over ~900 keys took ~170 / ~200 / ~250 ms feeding 1 / 2 / 3 tokens a
 # row, and in one run of every choice, twice, 1 drafted measured 12.7-13.2 tokens/s
 # open-ended against 12.6-12.8 for none and 11.7-12.4 for 2 (extractive 14.3 twice for 1,
-# 13.6-15.0 for none, 12.6-14.8 for 2; greedy answers identical throughout).
+# 13.6-15.0 for none, 12.6-14.8 for 2; greedy answers identical throughout). Kept at
+# Qwen2.5-Coder-1.5B (bf16, 2-core Xeon): a step of 8 rows fed 2 / 3 tokens a row took 1.28 /
+# 1.48x one fed 1 (``scripts/step_constants.py``, records docs/bench/constants-*), and 8
+# answers at once, 3 rounds of each (``scripts/eight_rows.py``) gave 25.2 / 22.3 tokens/s
+# (extractive / open-ended) with 1 and 23.2 / 24.8 with 2, pairs moving 0.78-1.24x: no
+# difference the machine's noise lets through.
 BATCH_DRAFT_TOKENS = 1
 # A batched step feeds its rows' drafts only while they are kept often enough to pay for
 # widening the forward (rows are padded alike, so one row's draft widens every row): while
@@ -43,6 +48,11 @@ BATCH_DRAFT_TOKENS = 1
 # fp32 over ~900 keys, 2-core AVX-512 EPYC, interleaved: 89 / 95 ms, 91 / 118 ms), so it
 # pays above a 7% / 30% hit rate; 0.04 a row asks 16% / 32%. Extractive answers hit far
 # above it; open-ended ones over these passages hit ~50% (56 steps of 8 rows fell to 37).
+# Re-measured in bf16 on one machine (``scripts/step_constants.py``, docs/bench/constants-*):
+# the break-even hit rate at 4 / 8 rows was 13 / 33% on SmolLM2-135M, 23 / 22% on
+# Qwen2.5-Coder-0.5B, 28 / 28% on 1.5B. Kept: at 8 rows 32% is at or above each; at 4 rows
+# 16% is below the larger models' by 7-12 points, which only drafts hitting between (rarer
+# than the ~50% open-ended answers hit) feed at a small loss.
 DRAFT_COST_PER_ROW = 0.04
 # Weight of the earlier steps in a lone row's step times (compiled, eager verify).
 TIME_MEMORY = 0.7

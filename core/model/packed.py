@@ -42,7 +42,11 @@ import torch.nn.functional as F
 
 from kvboost_rag.core.model.measurements import Measurements
 
-PACK_ROWS = 8  # the row count oneDNN is told to expect when reordering
+# The row count oneDNN is told to expect when reordering (and the head's check times). At
+# Qwen2.5-Coder-1.5B's head (bf16), reordered for 8 rows it took 40.0 / 39.7 / 40.8 ms at
+# 1 / 8 / 9 rows, for 16 rows 37.0 / 41.1 / 38.1, for 1 row 48-50 against F.linear's 38-40
+# (``scripts/step_constants.py --parts head``, docs/bench/constants-*): 8 kept.
+PACK_ROWS = 8
 # Heads smaller than this (elements) are not timed and keep F.linear: either way costs
 # microseconds, so the timing would decide by noise, and two engines on equal tiny models
 # would round their logits differently (packed and F.linear differ in the last bit).
