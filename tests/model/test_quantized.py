@@ -40,9 +40,7 @@ def test_the_kernel_computes_the_dequantized_weights_product(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_int8_dynamic_multiplies_each_row_quantized_to_int8(
-    dtype: torch.dtype, bias: bool
-) -> None:
+def test_int8_dynamic_multiplies_each_row_quantized_to_int8(dtype: torch.dtype, bias: bool) -> None:
     quantized = QuantizedLinear(layer(bias=bias).to(dtype), "int8-dynamic")
     x = torch.randn(2, 5, 256, dtype=dtype)
     x[0, 1, 7] = 40.0  # an outlier: its row's scale only
