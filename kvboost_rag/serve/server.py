@@ -3,6 +3,7 @@ process for as long as a ``with`` block lasts (notebooks, scripts, tests)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -32,8 +33,20 @@ def _server(engine: KVBoost, settings: ServeSettings, log_level: str) -> uvicorn
 
 
 def run(engine: KVBoost, settings: ServeSettings, log_level: str = "info") -> None:
-    """Serve until SIGINT / SIGTERM, then shut down gracefully."""
-    _server(engine, settings, log_level).run()
+    """Serve until SIGINT / SIGTERM, then shut down gracefully. Call from the main thread."""
+    server = _server(engine, settings, log_level)
+    # uvicorn raises the signal that stopped it again once it has shut down; SIGTERM's
+    # default would then kill the process with it, and a service manager would read a clean
+    # shutdown as a crash. SIGINT goes on to the CLI's handler (exit status 130).
+    previous = signal.signal(signal.SIGTERM, _after_shutdown)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _after_shutdown(signum: int, frame: object) -> None:
+    """SIGTERM after uvicorn's graceful shutdown: nothing is left to do."""
 
 
 @contextmanager
