@@ -45,7 +45,7 @@ def _settings(args: argparse.Namespace) -> Any:
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
     try:
         return ServeSettings(
-            model_name=args.served_model_name or args.model,
+            model_name=args.model if args.served_model_name is None else args.served_model_name,
             host=args.host,
             port=args.port,
             api_key=key or None,
