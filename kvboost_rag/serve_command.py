@@ -28,8 +28,8 @@ API_KEY_VARIABLE = "KVBOOST_API_KEY"  # --api-key's default, so the key stays of
 def serve(args: argparse.Namespace) -> None:
     from kvboost_rag import KVBoost, KVBoostConfig
 
+    server = _server_module()  # before anything else: the settings live in that package
     settings = _settings(args)
-    server = _server_module()
     config = KVBoostConfig(
         fidelity=args.fidelity, cache_dir=args.cache_dir, remote_url=args.remote_url
     )
@@ -40,18 +40,23 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from kvboost_rag.serve.settings import ServeSettings  # no FastAPI import: a dataclass
+    """The server's settings; a limit not given keeps ``ServeSettings``' default (the one
+    place defaults are stated)."""
+    from kvboost_rag.serve.settings import ServeSettings
 
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    limits = {
+        "max_body_bytes": args.max_body_bytes,
+        "max_queue": args.max_queue,
+        "request_timeout_s": args.request_timeout,
+    }
     try:
         return ServeSettings(
             model_name=args.model if args.served_model_name is None else args.served_model_name,
             host=args.host,
             port=args.port,
             api_key=key or None,
-            max_body_bytes=args.max_body_bytes,
-            max_queue=args.max_queue,
-            request_timeout_s=args.request_timeout,
+            **{name: value for name, value in limits.items() if value is not None},
         )
     except ValueError as error:
         raise BadUsage(str(error)) from None
@@ -100,15 +105,9 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--fidelity", default="balanced", choices=list(FIDELITY_LEVELS))
     s.add_argument("--cache-dir", type=cache_folder, help="the disk tier of passage KV")
     s.add_argument("--remote-url", help="the shared tier: redis://host:6379/0")
-    s.add_argument(
-        "--max-queue", type=positive, default=64, help="requests in flight before 429 (64)"
-    )
-    s.add_argument(
-        "--max-body-bytes", type=at_least(1), default=4 * 2**20, help="larger bodies get 413"
-    )
-    s.add_argument(
-        "--request-timeout", type=_seconds, default=600.0, help="seconds before 504 (600)"
-    )
+    s.add_argument("--max-queue", type=positive, help="requests in flight before 429")
+    s.add_argument("--max-body-bytes", type=at_least(1), help="larger bodies get 413")
+    s.add_argument("--request-timeout", type=_seconds, help="seconds before a request gets 504")
     s.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
