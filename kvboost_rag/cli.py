@@ -1,5 +1,5 @@
 """The ``kvboost-rag`` command: ``demo`` (the README's main job), ``bench``, ``warm``,
-``models`` and ``convert``.
+``serve``, ``models`` and ``convert``.
 
 Exit status 0 when the command did its job, 2 for bad usage (a wrong option or value, a
 model or folder that is not there: one line on stderr, nothing started), 1 when it ran and
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from kvboost_rag import model_commands
+from kvboost_rag import model_commands, serve_command
 from kvboost_rag.arguments import (
     FAILED,
     USAGE,
@@ -290,6 +290,7 @@ def parser() -> ArgumentParser:
         "warm ...: one workload",
     )
     _warm_parser(sub)
+    serve_command.add_parser(sub)
     model_commands.add_parsers(sub)
     return parser
 

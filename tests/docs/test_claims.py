@@ -206,6 +206,12 @@ def _default(name: str, scale: float = 1) -> Callable[[], tuple[str]]:
     return lambda: (f"{getattr(KVBoostConfig(), name) / scale:g}",)
 
 
+def _serve_default(name: str, scale: float = 1) -> Callable[[], tuple[str]]:
+    from kvboost_rag.serve.settings import ServeSettings
+
+    return lambda: (f"{getattr(ServeSettings(), name) / scale:g}",)
+
+
 # (page, a default the page states, as a pattern whose groups are its numbers, the code's)
 DEFAULTS: list[tuple[str, str, Callable[[], tuple[str, ...]]]] = [
     ("docs/guides/storage.md", r"back-off \(([\d.]+) s doubling to ([\d.]+) s\)", _backoff),
@@ -217,6 +223,26 @@ DEFAULTS: list[tuple[str, str, Callable[[], tuple[str, ...]]]] = [
     ),
     ("docs/guides/storage.md", r"max_disk_bytes=(\d+) GiB\)", _default("max_disk_bytes", 1024**3)),
     ("README.md", r"short passages \(under (\d+) tokens on average\)", _short_passage),
+    (
+        "docs/guides/server.md",
+        r"`--max-body-bytes` \(default (\d+) MiB\)",
+        _serve_default("max_body_bytes", 2**20),
+    ),
+    (
+        "docs/guides/server.md",
+        r"`--max-queue` requests in flight \(default (\d+)\)",
+        _serve_default("max_queue"),
+    ),
+    (
+        "docs/guides/server.md",
+        r"`--request-timeout` \(default (\d+) s\)",
+        _serve_default("request_timeout_s"),
+    ),
+    (
+        "docs/guides/server.md",
+        r"finish first \(up to (\d+) s,",
+        _serve_default("shutdown_timeout_s"),
+    ),
     (
         "docs/guides/fidelity.md",
         r"short passages \(fewer than (\d+) tokens on average\)",

@@ -1,0 +1,122 @@
+"""Every refusal in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
+with OpenAI's status codes; never a traceback in a response.
+
+The engine's own ``ValueError`` / ``TypeError`` are what it raises for a request it cannot
+take (a prompt over the context window, a chat template refusing the turns, a tool name
+that is not there): 400 with its message. Anything else is the server's fault: 500 with a
+fixed message, the traceback in the server's log only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvboost_rag.core.errors import ContextWindowError
+
+__all__ = ["APIError", "add_handlers", "error_body"]
+
+log = logging.getLogger("kvboost_rag.serve")
+
+# OpenAI's error type for each status this server answers with.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+    504: "timeout_error",
+}
+
+
+class APIError(Exception):
+    """A refusal the app raises on purpose; the handler answers it in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+
+def error_body(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    body = error_body(error.status, error.message, error.code, error.param)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def engine_error(error: BaseException) -> APIError:
+    """An exception from an engine call, as what the client is told."""
+    if isinstance(error, ContextWindowError):
+        return APIError(400, str(error), code="context_length_exceeded", param="messages")
+    if isinstance(error, (ValueError, TypeError)):
+        return APIError(400, str(error), code="invalid_value")
+    log.error("request failed", exc_info=error)
+    return APIError(500, "the server failed to answer this request; see its log", code=None)
+
+
+def add_handlers(app: FastAPI) -> None:
+    """Answer FastAPI's validation errors (its 422), unknown routes and every exception
+    in OpenAI's shape."""
+
+    async def api_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, APIError)
+        return error_response(error)
+
+    async def invalid(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return error_response(validation_error(error.errors()))
+
+    async def http_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, StarletteHTTPException)
+        code = "not_found" if error.status_code == 404 else None
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return error_response(APIError(error.status_code, message, code=code))
+
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        return error_response(engine_error(error))
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def validation_error(errors: Sequence[Any]) -> APIError:
+    """Pydantic's first complaint as one line naming the field (``messages.0.role``)."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request body"}
+    where = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(where) or None
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {first.get('msg')}", code="json_invalid")
+    # A validator's own ValueError reads "Value error, <its message>".
+    said = str(first.get("msg")).removeprefix("Value error, ")
+    message = f"{param}: {said}" if param else said
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return APIError(400, message + more, code="invalid_value", param=param)

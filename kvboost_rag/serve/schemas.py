@@ -1,0 +1,189 @@
+"""The request bodies the server takes, in OpenAI's shapes.
+
+Fields OpenAI defines and the engine has no use for (``user``, ``metadata``, ``store``...)
+are ignored, as OpenAI ignores unknown ones; fields that would change the answer and that
+the engine cannot honour (``logprobs``, ``logit_bias``, penalties, ``echo``...) are refused
+when set, rather than silently dropped. Wrong types and values are refused (the app answers
+400): numbers and flags are strict, so ``"0.5"`` is not a temperature and ``1`` not a bool.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, model_validator
+
+from kvboost_rag.core.generation.sampling import MAX_SEED
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "NamedToolChoice",
+    "ToolSpec",
+]
+
+Real = Annotated[float, Strict()]  # strict floats still take ints, as JSON has no 1.0 apart
+Int = Annotated[int, Strict()]
+
+# Set to anything but these harmless values, these fields are refused: the engine cannot do
+# what they ask, and answering without it would look like success.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "prediction": (None,),
+}
+
+
+class _Body(BaseModel):
+    # "allow" keeps unknown fields in model_extra, where the refused ones are looked for.
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> _Body:
+        for name, value in (self.model_extra or {}).items():
+            harmless = UNSUPPORTED.get(name)
+            if harmless is not None and not any(value == h for h in harmless):
+                raise ValueError(f"{name}={value!r} is not supported by this server")
+        return self
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Part):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class FunctionCall(_Part):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI writes it
+
+
+class ToolCallIn(_Part):
+    """A call an assistant message made earlier in the conversation."""
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Part):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Only text parts: the engine's models read text.
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class FunctionSpec(_Part):
+    name: Annotated[str, Field(strict=True, pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ToolSpec(_Part):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ChosenFunction(_Part):
+    name: StrictStr
+
+
+class NamedToolChoice(_Part):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+class JsonSchemaSpec(_Part):
+    name: StrictStr = "response"
+    # "schema" would shadow a BaseModel attribute; the alias keeps OpenAI's name on the wire.
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: StrictStr | None = None
+    strict: StrictBool | None = None
+
+
+class TextFormat(_Part):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Part):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Part):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
+
+
+class StreamOptions(_Part):
+    include_usage: StrictBool | None = None
+
+
+class _Sampling(_Body):
+    """What chat and text completions share."""
+
+    model: StrictStr
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
+    temperature: Annotated[Real, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[Real, Field(gt=0, le=1)] | None = None
+    seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
+    # Answers per prompt; with a seed, answer i samples with seed + i.
+    n: Annotated[Int, Field(ge=1, le=16)] = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[Int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(_Sampling):
+    # A string or a list of strings (one answer set each); token-id prompts are refused.
+    prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
+    max_tokens: Annotated[Int, Field(ge=1)] | None = 16  # OpenAI's default for completions
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
