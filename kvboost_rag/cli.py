@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from kvboost_rag import model_commands, serve_command
 from kvboost_rag.arguments import (
@@ -36,6 +36,9 @@ from kvboost_rag.arguments import (
     say,
 )
 from kvboost_rag.core.model.quantized import WEIGHTS
+
+if TYPE_CHECKING:
+    from kvboost_rag.core.generation.result import WarmResult
 
 PROG = "kvboost-rag"
 SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
@@ -83,8 +86,15 @@ def warm_folder(args: argparse.Namespace) -> None:
     from kvboost_rag.core.prompt.chunker import parse_segments
     from kvboost_rag.warm import chat_prefix
 
+    if args.server is not None:
+        warm_on_server(args)
+        return
+    if args.api_key is not None:
+        raise BadUsage("--api-key is --server's key: give --server URL too")
     if args.cache_dir is None and args.remote_url is None:
-        raise BadUsage("warm needs --cache-dir, --remote-url or both: where the KV goes")
+        raise BadUsage(
+            "warm needs --cache-dir, --remote-url or both (where the KV goes), or --server"
+        )
     config = KVBoostConfig(  # checks the values first: bad usage is found before any work
         cache_dir=args.cache_dir,
         fidelity=args.fidelity,
@@ -92,9 +102,7 @@ def warm_folder(args: argparse.Namespace) -> None:
         remote_namespace=args.remote_namespace,
         kv_codec=args.kv_codec,
     )
-    files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
-    if not files:
-        raise BadUsage(f"no files match {args.glob!r} in {args.folder}")
+    files = folder_files(args)
     if args.cache_dir is not None:
         try:  # here, before the model loads: the engine would warn and keep KV in memory
             args.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -116,12 +124,7 @@ def warm_folder(args: argparse.Namespace) -> None:
         report = warm_corpus(engine, texts, prefix=prefix)
     except ValueError as error:  # a file that cannot be a passage: the data, not the usage
         raise CommandFailed(str(error)) from error
-    print(
-        f"warmed {_count(report.documents, 'file')} into {_count(report.units, 'passage')} "
-        f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
-        f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s"
-        + (f"; skipped {_count(skipped, 'file')} (warned above)" if skipped else "")
-    )
+    print(warmed_line(report, skipped))
     stats = engine.stats()
     if "disk" in report.failed:
         raise CommandFailed(f"nothing was stored in {args.cache_dir}: it cannot hold a cache")
@@ -142,6 +145,52 @@ def warm_folder(args: argparse.Namespace) -> None:
                 f"the shared tier {remote.url} failed ({remote.errors} errors): the corpus is "
                 "not all stored there; rerun once it answers (what is there is kept)"
             )
+
+
+def warm_on_server(args: argparse.Namespace) -> None:
+    """Warm the folder's files on a running ``kvboost-rag serve`` (its engine and tiers)."""
+    from kvboost_rag.core.generation.result import WarmResult
+    from kvboost_rag.warm_server import warm_through
+
+    if args.cache_dir is not None or args.remote_url is not None:
+        raise BadUsage(
+            "--server warms that server's engine and tiers: give --cache-dir / --remote-url "
+            "to its `kvboost-rag serve`, not here"
+        )
+    if not args.server.startswith(("http://", "https://")):
+        raise BadUsage(f"--server must be an http:// or https:// URL, got {args.server!r}")
+    files = folder_files(args)
+    texts, skipped = read_texts(files, args.strict)
+    if not texts:
+        raise CommandFailed(f"none of the {len(files)} files in {args.folder} can be warmed")
+    layout = {"system": args.system} if args.system is not None else {}
+    layout.update({"prefix": args.prefix} if args.prefix is not None else {})
+    key = args.api_key or os.environ.get(serve_command.API_KEY_VARIABLE)
+    summary = warm_through(args.server, key, [t.page_content for t in texts], layout)
+    counts = {name: summary[name] for name in WarmResult.__dataclass_fields__}
+    report = WarmResult(**{**counts, "failed": tuple(summary["failed"])})
+    print(warmed_line(report, skipped) + f" on {args.server}")
+    if report.failed:
+        raise CommandFailed(
+            f"the server's {' and '.join(report.failed)} tier failed to store the warm "
+            "(its log says why); rerun once it can (what is stored is kept)"
+        )
+
+
+def folder_files(args: argparse.Namespace) -> list[Path]:
+    files = sorted(p for p in args.folder.glob(args.glob) if p.is_file())
+    if not files:
+        raise BadUsage(f"no files match {args.glob!r} in {args.folder}")
+    return files
+
+
+def warmed_line(report: WarmResult, skipped: int) -> str:
+    return (
+        f"warmed {_count(report.documents, 'file')} into {_count(report.units, 'passage')} "
+        f"({report.tokens} tokens; {report.new} new, {report.cached} already cached) in "
+        f"{report.seconds:.1f} s = {report.tokens_per_s:.0f} tokens/s"
+        + (f"; skipped {_count(skipped, 'file')} (warned above)" if skipped else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -304,7 +353,7 @@ def _questions() -> list[str]:
 def _warm_parser(sub: Any) -> None:
     w = sub.add_parser(
         "warm",
-        help="warm a folder of text files into a cache_dir and / or Redis",
+        help="warm a folder of text files into a cache_dir and / or Redis, or a server",
         description="Encode each text file as a passage into --cache-dir and / or the "
         "shared tier at --remote-url. Passage KV is "
         "cached for the prompt text before the passages: give --prefix or --system as your "
@@ -312,6 +361,17 @@ def _warm_parser(sub: Any) -> None:
         "lower quality).",
     )
     w.add_argument("folder", type=folder)
+    w.add_argument(
+        "--server",
+        metavar="URL",
+        help="warm a running `kvboost-rag serve` at URL (http://127.0.0.1:8000) instead: "
+        "its engine encodes and stores the files, in the tiers it was started with",
+    )
+    w.add_argument(
+        "--api-key",
+        help=f"--server's API key (default: the environment variable "
+        f"{serve_command.API_KEY_VARIABLE})",
+    )
     w.add_argument(
         "--cache-dir", type=cache_folder, help="the disk tier every process of this machine reads"
     )

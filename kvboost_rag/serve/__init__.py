@@ -9,6 +9,7 @@ from kvboost_rag.integrations._common import require
 
 require("fastapi", "serve")
 require("uvicorn", "serve")
+require("prometheus_client", "serve")
 
 from kvboost_rag.serve.app import create_app  # noqa: E402
 from kvboost_rag.serve.server import run, serving  # noqa: E402

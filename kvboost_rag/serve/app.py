@@ -20,10 +20,12 @@ from kvboost_rag.serve.auth import BearerAuth
 from kvboost_rag.serve.errors import APIError, add_handlers, engine_error
 from kvboost_rag.serve.generation import Generation, Opener, RequestTimeout, open_generation
 from kvboost_rag.serve.limits import Admission, BodyLimit
+from kvboost_rag.serve.metrics import CONTENT_TYPE, Metrics, RequestCounter
 from kvboost_rag.serve.responses import Reply, answer, events, timeout_error
-from kvboost_rag.serve.schemas import ChatRequest, CompletionRequest, _Sampling
+from kvboost_rag.serve.schemas import ChatRequest, CompletionRequest, WarmRequest, _Sampling
 from kvboost_rag.serve.settings import ServeSettings
 from kvboost_rag.serve.translate import chat_openers, completion_openers
+from kvboost_rag.serve.warming import NDJSON, progress_lines, warm, warm_body
 
 __all__ = ["create_app"]
 
@@ -41,16 +43,23 @@ def create_app(engine: KVBoost, settings: ServeSettings) -> FastAPI:
         openapi_url=None,
     )
     add_handlers(app)
+    admission = Admission(settings.max_queue, settings.retry_after_s)
+    metrics = Metrics(engine, lambda: admission.active)
+    runner = Runner(settings, admission, metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    if settings.api_key is not None:  # added last, so it runs first: before the body is read
+    if settings.api_key is not None:  # added after, so it runs before: the body is unread
         app.add_middleware(BearerAuth, key=settings.api_key)
-    runner = Runner(settings, Admission(settings.max_queue, settings.retry_after_s))
+    app.add_middleware(RequestCounter, metrics=metrics)  # outermost: counts refusals too
     card = {"id": settings.model_name, "object": "model", "created": int(time.time())}
     card["owned_by"] = "kvboost-rag"
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": settings.model_name, "in_flight": runner.admission.active}
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -70,6 +79,18 @@ def create_app(engine: KVBoost, settings: ServeSettings) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         reply = Reply("text", settings.model_name, body.n, body.include_usage)
         return await runner.run(request, body, reply, lambda: completion_openers(engine, body))
+
+    @app.post("/v1/kvboost/warm")
+    async def warm_documents(body: WarmRequest) -> Response:
+        admission.enter()
+        if body.stream:
+            return ClosingStream(progress_lines(engine, body), admission.leave, NDJSON)
+        try:
+            return JSONResponse(warm_body(await warm(engine, body)))
+        except Exception as error:
+            raise engine_error(error) from None
+        finally:
+            admission.leave()
 
     return app
 
@@ -91,9 +112,10 @@ def _lifespan(engine: KVBoost) -> Callable[[FastAPI], Any]:
 class Runner:
     """Admits a request, opens its streams and answers it, whole or streamed."""
 
-    def __init__(self, settings: ServeSettings, admission: Admission) -> None:
+    def __init__(self, settings: ServeSettings, admission: Admission, metrics: Metrics) -> None:
         self.settings = settings
         self.admission = admission
+        self.metrics = metrics
 
     def check_model(self, name: str) -> None:
         if name != self.settings.model_name:
@@ -129,6 +151,8 @@ class Runner:
             self._finish(generation)
 
     def _finish(self, generation: Generation) -> None:
+        # Before cancelling: the answers that finished are counted, a stream cut short is not.
+        self.metrics.observe([s.result for s in generation.streams if s.result is not None])
         generation.cancel()  # a no-op for streams that ended
         self.admission.leave()
 
@@ -166,12 +190,17 @@ async def _disconnected(receive: Receive) -> None:
 
 
 class ClosingStream(StreamingResponse):
-    """An SSE response that runs ``on_close`` however it ends: finished, the client gone
-    (Starlette cancels the body then), or never started."""
+    """A streamed response (SSE unless told) that runs ``on_close`` however it ends:
+    finished, the client gone (Starlette cancels the body then), or never started."""
 
-    def __init__(self, lines: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        lines: AsyncIterator[str],
+        on_close: Callable[[], None],
+        media_type: str = "text/event-stream",
+    ) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(lines, media_type="text/event-stream", headers=headers)
+        super().__init__(lines, media_type=media_type, headers=headers)
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

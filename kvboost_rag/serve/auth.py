@@ -1,4 +1,5 @@
-"""API keys: with one configured, every /v1 request carries ``Authorization: Bearer <key>``.
+"""API keys: with one configured, every /v1 request and /metrics carry
+``Authorization: Bearer <key>``.
 
 Checked in ASGI middleware, before the body is read or parsed: a client without the key
 learns nothing about what the server would make of its request (not even a 400)."""
@@ -14,11 +15,13 @@ from kvboost_rag.serve.errors import error_body
 
 __all__ = ["BearerAuth"]
 
-PROTECTED = "/v1/"  # /health stays open: load balancers probe it without credentials
+# /health stays open: load balancers probe it without credentials. /metrics does not: its
+# counts tell who is using the server how much.
+PROTECTED = ("/v1/", "/metrics")
 
 
 class BearerAuth:
-    """ASGI middleware refusing (401) a /v1 request without ``key``. Compared in constant
+    """ASGI middleware refusing (401) a protected request without ``key``. Compared in constant
     time, so response timing does not tell how much of a guess was right."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "CompletionRequest",
     "NamedToolChoice",
     "ToolSpec",
+    "WarmRequest",
 ]
 
 Real = Annotated[float, Strict()]  # strict floats still take ints, as JSON has no 1.0 apart
@@ -187,3 +188,28 @@ class CompletionRequest(_Sampling):
     @property
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class PrefixMessage(_Part):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr
+
+
+class WarmRequest(_Part):
+    """``POST /v1/kvboost/warm``: documents to preload, each one passage, encoded after the
+    prompt head they will follow (``prefix``, or ``system`` for chats whose user message
+    opens with the passages), as ``warm_corpus`` takes them."""
+
+    documents: Annotated[list[StrictStr], Field(min_length=1)]
+    # A completion prompt's text before the passages, or chat messages with a passage()
+    # marker where the passages go (``engine.warm_passages(prefix=)``).
+    prefix: StrictStr | Annotated[list[PrefixMessage], Field(min_length=1)] | None = None
+    system: StrictStr | None = None  # the layout of ``kvboost-rag warm --system``
+    batch_size: Annotated[int, Field(ge=1)] | None = None
+    stream: StrictBool = False  # progress as newline-delimited JSON
+
+    @model_validator(mode="after")
+    def _one_layout(self) -> WarmRequest:
+        if self.prefix is not None and self.system is not None:
+            raise ValueError("give prefix or system, not both: they are two prompt layouts")
+        return self

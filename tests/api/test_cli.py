@@ -159,7 +159,8 @@ def test_warm_needs_a_destination(tmp_path: Path, capsys: pytest.CaptureFixture[
     status, _, err = run(["warm", str(tmp_path)], capsys)
     assert status == 2
     assert err == (
-        "kvboost-rag warm: error: warm needs --cache-dir, --remote-url or both: where the KV goes\n"
+        "kvboost-rag warm: error: warm needs --cache-dir, --remote-url or both (where the KV "
+        "goes), or --server\n"
     )
 
 
