@@ -57,6 +57,12 @@ class ServerProcess:
         self._log.seek(0)
         return self._log.read()
 
+    def kill(self) -> None:
+        """SIGKILL: the process dies at once, as a crashed or preempted replica does."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
     def stop(self) -> int | None:
         """SIGTERM (a graceful shutdown), SIGKILL if it has not ended in 60 s; its status."""
         if self._process is None:
