@@ -33,6 +33,7 @@ import httpx
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.bench.common.corpus import passages
+from kvboost_rag.bench.common.redis_server import free_port
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.load.run import rag_messages, rag_requests
 
@@ -42,14 +43,6 @@ BAD, LEAVER = 3, 5  # client i % 8: a bad request, a client that leaves mid-stre
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def client(

@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run
 from conftest import make_model, make_tokenizer
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages
@@ -42,23 +43,12 @@ def test_demo_answers_through_both_frameworks_with_timings(
     assert passages == ["passages hit 4 (0 foreign), missed 0"] * 2
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``kvboost-rag argv``, in this process: its exit status, stdout and stderr."""
-    try:
-        main(argv)
-        status = 0
-    except SystemExit as exit:
-        status = exit.code if isinstance(exit.code, int) else 1
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
-
-
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if ": error: " in line]
 
 
 def test_unknown_subcommand_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    status, _, err = run(["serve"], capsys)
+    status, _, err = run(["start"], capsys)  # not a subcommand ("serve" is one now)
     assert status == 2 and "invalid choice" in err
     assert err.count("\n") == 1  # one line, not argparse's usage text and the message
 

@@ -6,20 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from cli_run import run
 
 import kvboost_rag.core.engine as engine_module
-from kvboost_rag.cli import main
 from kvboost_rag.serve_command import API_KEY_VARIABLE
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        status = 0
-    except SystemExit as exit:
-        status = exit.code if isinstance(exit.code, int) else 1
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from cli_run import run
 from server_process import ServerProcess
-from test_command import run
 
 pytestmark = pytest.mark.embedded
 
