@@ -54,11 +54,9 @@ PLAIN, TRANSPOSED, PACKED = "plain", "transposed", "packed"
 CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 64, 256, 1024)  # row counts measured
 STREAMED = 32  # counts up to this are timed over weights streamed from memory
 STREAMED_BYTES = 64 << 20  # weights timed per pass then: more than a CPU's last-level cache
-# Passes timed per way and count. At Qwen2.5-Coder-1.5B (bf16) three measures as the
-# warm-up runs them and one with 3x the passes over 4x the streamed bytes chose the same
-# ways at 1-16 rows (packed at 1, transposed at 2-16) and differed only at 24-64, where the
-# ways' order changes run to run; the warm-up's own measure at load took packed at 2-4 rows
-# (``scripts/step_constants.py --parts linears``, docs/bench/constants-*). Kept.
+# Passes per way and count. At Qwen2.5-Coder-1.5B (bf16) 3 measures and one with 3x the
+# passes over 4x the bytes chose the same ways at 1-16 rows, differing only at 24-64 where
+# the ways' order changes run to run (``scripts/step_constants.py --parts linears``). Kept.
 REPEATS = 3
 # Decoders whose linear weights are smaller than this are not measured (every count runs
 # F.linear): the timing would decide by noise, and two engines on equal tiny models would
