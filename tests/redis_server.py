@@ -14,7 +14,11 @@ import pytest
 from kvboost_rag.bench.common.cluster_server import ClusterProcess
 from kvboost_rag.bench.common.redis_server import RedisProcess, Trickle, free_port
 
-__all__ = ["ClusterProcess", "RedisProcess", "Trickle", "free_port", "require_binary"]
+__all__ = ["VALUES", "ClusterProcess", "RedisProcess", "Trickle", "free_port", "require_binary"]
+
+# The names of the KV values the default namespace holds (not its passage catalogue list,
+# ``<namespace>:<fingerprint>:passages``: a value's name ends in its key's hex digest).
+VALUES = b"kvboost:*:[0-9a-f]*"
 
 
 def require_binary(*names: str) -> None:

@@ -43,7 +43,7 @@ from kvboost_rag.core.reuse.policy import ReusePolicy, prefix_cost
 from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.reuse.shared import SentenceEnds
-from kvboost_rag.core.store.catalogue import Catalogue
+from kvboost_rag.core.store.catalogue import Catalogue, Catalogues, SharedCatalogue
 from kvboost_rag.core.store.tiers import TieredStore
 from kvboost_rag.core.store.writer import Writer
 
@@ -294,6 +294,15 @@ def _close_at_exit(ref: weakref.ref[Caches]) -> None:
         caches.indexer.close()
 
 
+def _catalogues(store: TieredStore) -> Catalogues | None:
+    found: list[Catalogue | SharedCatalogue] = []
+    if store.disk is not None:
+        found.append(Catalogue(store.disk.dir))
+    if store.remote is not None:
+        found.append(SharedCatalogue(store.remote))
+    return Catalogues(found) if found else None
+
+
 def _passage_reuse(
     model: Any,
     support: ModelSupport,
@@ -311,10 +320,10 @@ def _passage_reuse(
         warnings.warn(f"{support.reason}; using exact prefix reuse only", stacklevel=4)
         return None
     anchor = anchor_tokens(tokenizer, special_prefix) if config.passage_anchor else []
-    # What the disk tier holds is found unmarked by later processes too.
-    catalogue = None if store.disk is None else Catalogue(store.disk.dir)
+    # What the disk and shared tiers hold is found unmarked by other processes too.
+    catalogue = _catalogues(store)
     index = PassageIndex(
-        known=None if catalogue is None else catalogue.read,
+        known=None if catalogue is None else catalogue.read_new,
         record=None if catalogue is None else catalogue.add,
     )
     cache = PassageCache(

@@ -13,11 +13,16 @@ fit, and either is right: KV is causal).
 The index holds token ids only (no KV): ``max_passages`` of them, least recently found
 dropped first. A passage whose KV every tier has since dropped stays known, so a prompt
 holding it still places it (a miss the engine encodes again, for the next prompt).
+
+Passages other processes store are learnt from the tiers' catalogues (``known``): read
+in full at first use, then what was added since, at most every ``REFRESH_SECONDS`` when a
+prompt is looked up, so a server replica finds passages another replica warmed.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -28,6 +33,7 @@ from kvboost_rag.core.prompt.placing import HEAD_SLACK, Placed, run_at
 WINDOW = 16  # tokens per indexed window: a passage needs WINDOW + HEAD_SLACK to be found
 ANCHORS = (1, HEAD_SLACK)  # where in a passage its indexed windows start
 MAX_PASSAGES = 200_000
+REFRESH_SECONDS = 1.0  # a shared catalogue read (a round trip) per second at most
 _CANDIDATES = 8  # passages kept per window hash (a shared boilerplate opening)
 
 _POWERS = np.array([pow(1_000_003, WINDOW - 1 - j, 1 << 64) for j in range(WINDOW)], np.uint64)
@@ -47,8 +53,9 @@ def window_hashes(tokens: np.ndarray) -> np.ndarray:
 class PassageIndex:
     """Thread-safe: lookups run on callers' threads, additions on the executor's.
 
-    ``known``: passages stored by earlier processes (the disk tier's catalogue), read on
-    first use; ``record``: told of each passage new to the index (that catalogue's append).
+    ``known``: the passages other processes stored since its last call (the tiers'
+    catalogues), read at first use and then at most every ``refresh_seconds``; ``record``:
+    told of each passage new to the index (those catalogues' append).
     """
 
     def __init__(
@@ -56,9 +63,12 @@ class PassageIndex:
         max_passages: int = MAX_PASSAGES,
         known: Callable[[], Iterable[Sequence[int]]] | None = None,
         record: Callable[[Sequence[int]], None] | None = None,
+        refresh_seconds: float = REFRESH_SECONDS,
     ) -> None:
         self.max_passages = max_passages
         self._known, self._record = known, record
+        self._refresh_seconds = refresh_seconds
+        self._read_at: float | None = None  # when ``known`` was last read
         self._loading = threading.Lock()
         self._lock = threading.Lock()
         # Each passage's token ids as int32 bytes: its key and its tokens in one object.
@@ -73,19 +83,29 @@ class PassageIndex:
         self._load()
         return _key(tokens) in self._passages
 
-    def _load(self) -> None:
-        """Index what earlier processes stored, once; callers meanwhile wait for it."""
-        if self._known is None:
+    def _load(self, refresh: bool = True) -> None:
+        """Index what other processes stored: all of it at first use (callers meanwhile
+        wait), then what is new, when due and ``refresh`` (a caller finding it under way
+        goes on). Additions do not refresh: they run on the executor's thread."""
+        if self._known is None or not self._due() or (self._read_at is not None and not refresh):
             return
-        with self._loading:
-            if self._known is not None:
+        if not self._loading.acquire(blocking=self._read_at is None):
+            return
+        try:
+            if self._due():
                 for tokens in self._known():
                     self._add(tokens, record=False)
-                self._known = None
+                self._read_at = time.monotonic()
+        finally:
+            self._loading.release()
+
+    def _due(self) -> bool:
+        read_at = self._read_at
+        return read_at is None or time.monotonic() - read_at >= self._refresh_seconds
 
     def add(self, tokens: Sequence[int]) -> bool:
         """Index a passage by its own tokens; False when too short to be found unmarked."""
-        self._load()
+        self._load(refresh=False)
         return self._add(tokens, record=True)
 
     def _add(self, tokens: Sequence[int], record: bool) -> bool:

@@ -35,6 +35,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.model.kv import LayerKV
@@ -95,6 +96,10 @@ class RemoteStore:
         self._writer: BatchWriter[_Write] = BatchWriter(
             "kvboost-redis-writer", self._write, WRITE_BATCH
         )
+        self._catalogue = self._prefix + b"passages"  # no hex name of a value spells it
+        self._records: BatchWriter[bytes] = BatchWriter(
+            "kvboost-redis-catalogue", self._append, WRITE_BATCH
+        )
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def name(self, key: bytes) -> bytes:
@@ -147,12 +152,26 @@ class RemoteStore:
         if not self._writer.submit((key, tokens, kv, approximate)):
             self._write([(key, tokens, kv, approximate)])
 
+    def append_later(self, record: bytes) -> None:
+        """Queue a catalogue record (``catalogue.SharedCatalogue``): appended to the list
+        every replica of this model reads, after the values queued before it."""
+        if not self._records.submit(record):
+            self._append([record])
+
+    def records_since(self, start: int, limit: int) -> tuple[int, list[bytes]] | None:
+        """The catalogue's length and up to ``limit`` records from ``start`` on (one round
+        trip); None while the tier is unavailable."""
+        name = self._catalogue
+        return self._link.call(lambda client: _range(client, name, start, limit), None)
+
     def flush(self) -> None:
         """Wait until queued writes were sent (or skipped)."""
         self._writer.join()
+        self._records.join()
 
     def close(self) -> None:
         self._writer.close()
+        self._records.close()
 
     def stats(self) -> RemoteStats:
         with self._lock:
@@ -224,6 +243,10 @@ class RemoteStore:
             self._counts["written_bytes"] += sum(written)
             self._counts["skipped"] += len(batch) - len(written)
 
+    def _append(self, records: list[bytes]) -> None:
+        self._writer.join()  # the values first: a record read says the value is there
+        self._link.pipeline("rpush", [self._catalogue] * len(records), records, write=True)
+
     def _value_limit(self) -> int:
         if self._max_value is None:
             found = self._link.call(lambda client: _setting(client, "proto-max-bulk-len"), None)
@@ -237,6 +260,14 @@ class RemoteStore:
 
 def _matching(entry: Entry | None, tokens: tuple[int, ...] | None) -> Entry | None:
     return None if entry is None or (tokens is not None and entry.tokens != tokens) else entry
+
+
+def _range(client: Any, name: bytes, start: int, limit: int) -> tuple[int, list[bytes]]:
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(name)
+    pipe.lrange(name, start, start + limit - 1)
+    length, records = pipe.execute()
+    return int(length), list(records)
 
 
 def _setting(client: object, name: str) -> str | None:

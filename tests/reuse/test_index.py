@@ -6,6 +6,8 @@ the ``slow`` run repeats them at 2,000."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import run_thorough
 from hypothesis import given
@@ -141,7 +143,7 @@ def test_a_later_process_finds_what_an_earlier_one_stored_on_disk(tmp_path) -> N
     from kvboost_rag.core.store.catalogue import Catalogue
 
     catalogue = Catalogue(tmp_path)
-    first = PassageIndex(known=catalogue.read, record=catalogue.add)
+    first = PassageIndex(known=catalogue.read_new, record=catalogue.add)
     a, b = (list(range(k, k + 30)) for k in (100, 200))
     first.add(a)
     first.add(b)
@@ -149,6 +151,27 @@ def test_a_later_process_finds_what_an_earlier_one_stored_on_disk(tmp_path) -> N
     with open(catalogue.path, "r+b") as file:  # damage the first record's tokens
         file.seek(20)
         file.write(b"\xff")
-    later = PassageIndex(known=catalogue.read, record=catalogue.add)
+    again = Catalogue(tmp_path)
+    later = PassageIndex(known=again.read_new, record=again.add)
     assert b in later and a not in later and len(later) == 1
     assert [p.tokens for p in later.find([1, *b, 2])] == [tuple(b)]
+
+
+def test_an_index_learns_what_other_processes_store_when_its_refresh_is_due(tmp_path) -> None:
+    """A server's index keeps reading the catalogues: a passage another process stores
+    after the index's first lookup is found by a lookup once ``refresh_seconds`` passed,
+    not before (a lookup reads the catalogues at most that often)."""
+    from kvboost_rag.core.store.catalogue import Catalogue
+
+    other = Catalogue(tmp_path)
+    a, b = (list(range(k, k + 30)) for k in (100, 200))
+    other.add(a)
+    mine = Catalogue(tmp_path)
+    index = PassageIndex(known=mine.read_new, record=mine.add, refresh_seconds=0.2)
+    assert [p.tokens for p in index.find([1, *a, 2])] == [tuple(a)]
+    other.add(b)
+    assert index.find([1, *b, 2]) == []  # read 0 s ago: not due
+    time.sleep(0.25)
+    assert [p.tokens for p in index.find([1, *b, 2])] == [tuple(b)]
+    index.add(b)
+    assert Catalogue(tmp_path).read_new() == [tuple(a), tuple(b)]  # learnt, not recorded again

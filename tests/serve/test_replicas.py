@@ -1,6 +1,7 @@
 """Two ``kvboost-rag serve`` replicas sharing one Redis Cluster tier: passages one replica
-encoded are read, not encoded, by the other, and one replica killed mid-load leaves the
-other answering. Real processes throughout: the cluster's servers and both replicas."""
+encoded are read, not encoded, by the other (found in unmarked prompts even if it never
+warmed them), and one replica killed mid-load leaves the other answering. Real
+processes throughout: the cluster's servers and both replicas."""
 
 from __future__ import annotations
 
@@ -82,14 +83,9 @@ def test_a_replica_killed_mid_load_leaves_the_other_answering(redis_cluster) -> 
         assert ask(survivor).choices[0].message.content == answers[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replica finds passages in unmarked prompts through its own index, which learns "
-    "of stored passages from its own warms and encodes and from its disk folder's catalogue "
-    "(read once); the shared tier keeps no catalogue yet, so a replica that never warmed "
-    "the corpus does not look for it there (warm every replica: only the first encodes)",
-)
 def test_a_replica_finds_passages_warmed_only_through_another(redis_cluster) -> None:
+    """The second replica never warmed: it learns of the passages from the shared tier's
+    catalogue and finds them in an unmarked prompt."""
     shared = ("--dtype", "float32", "--remote-url", redis_cluster.url)
     with ServerProcess(MODEL, *shared) as first, ServerProcess(MODEL, *shared) as second:
         warm(first)

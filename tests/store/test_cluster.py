@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_model, make_tokenizer
-from redis_server import ClusterProcess
+from redis_server import VALUES, ClusterProcess
 from warm_worker import corpus
 
 from kvboost_rag import KVBoost, KVBoostConfig
@@ -40,7 +40,7 @@ def test_two_processes_share_a_corpus_through_the_cluster_and_its_keys_spread(
 ) -> None:
     docs = corpus(24)
     assert warm_in_a_process(redis_cluster.url, tmp_path / "a", 24) == (24, 24, 0)
-    per_master = redis_cluster.keys_per_master(b"kvboost:*")
+    per_master = redis_cluster.keys_per_master(VALUES)
     assert len(per_master) == 3 and all(n > 0 for n in per_master.values()), per_master
     assert sum(per_master.values()) >= 24
     # A second process with its own empty folder encodes nothing: every passage is read
@@ -90,7 +90,7 @@ def test_warm_writes_are_pipelined(redis_cluster: ClusterProcess) -> None:
     assert stats.writes == 31 and stats.errors == 0
     # An EXISTS and a SET per value took 60; a batch takes one flight per node for each.
     assert stats.round_trips - before <= 4 * 2 * 3, stats
-    assert sum(redis_cluster.keys_per_master().values()) == 31
+    assert sum(redis_cluster.keys_per_master(VALUES).values()) == 31
     found = store.get_many([(digest(bytes([i])), (i,) * 4) for i in range(30)])
     assert all(entry is not None for entry in found)
 

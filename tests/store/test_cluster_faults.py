@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_model, make_tokenizer
-from redis_server import ClusterProcess, require_binary
+from redis_server import VALUES, ClusterProcess, require_binary
 from warm_worker import corpus
 
 from kvboost_rag import GenerationResult, KVBoost, KVBoostConfig
@@ -88,7 +88,7 @@ def until_served(
 
 def keys(cluster: ClusterProcess) -> set[bytes]:
     """The engine's keys on the cluster's masters."""
-    return {k for n in cluster.primaries() for k in cluster.client(n).keys(b"kvboost:*")}
+    return {k for n in cluster.primaries() for k in cluster.client(n).keys(VALUES)}
 
 
 def forget_keys_but(cluster: ClusterProcess, kept: set[bytes]) -> None:
@@ -97,7 +97,7 @@ def forget_keys_but(cluster: ClusterProcess, kept: set[bytes]) -> None:
     for node in cluster.primaries():
         client = cluster.client(node)
         try:
-            extra = [k for k in client.keys(b"kvboost:*") if k not in kept]
+            extra = [k for k in client.keys(VALUES) if k not in kept]
             for key in extra:
                 client.delete(key)
         except import_redis().RedisError:  # CLUSTERDOWN, or the node just failed
@@ -173,7 +173,7 @@ def test_failover_to_a_replica_serves_the_corpus_again_unchanged(
             assert_right(result, expected, cold)
         assert results[-1].token_ids == expected  # every passage read from the cluster
         assert same_kv(writer, engine) >= len(DOCS)
-        assert cluster.keys_per_master(b"kvboost:*")  # the promoted replica holds its keys
+        assert cluster.keys_per_master(VALUES)  # the promoted replica holds its keys
         assert len(cluster.primaries()) == 3
 
 
@@ -206,7 +206,7 @@ def test_a_migrating_slot_is_followed_through_ask_and_moved(
     engine = make_engine(redis_cluster.url)
     assert answer(engine).passages_hit == len(DOCS)  # the engine's layout is now stale
     masters = redis_cluster.primaries()
-    names = [n for m in masters for n in redis_cluster.client(m).keys(b"kvboost:*")]
+    names = [n for m in masters for n in redis_cluster.client(m).keys(VALUES)]
     sources = {}
     for name, finish in ((names[0], False), (names[-1], True)):
         slot = redis_cluster.slot(name)
@@ -241,7 +241,7 @@ def test_a_node_out_of_memory_refuses_writes_with_one_warning(
     assert len(seen) == 1 and "OutOfMemoryError" in seen[0], seen
     stats = engine.stats().remote
     assert stats is not None and stats.writes > 0 and stats.skipped > 0
-    per_master = redis_cluster.keys_per_master(b"kvboost:*")
+    per_master = redis_cluster.keys_per_master(VALUES)
     assert sum(per_master.values()) == stats.writes  # what was refused is not there
     reader = make_engine(redis_cluster.url)
     result: list[GenerationResult] = []

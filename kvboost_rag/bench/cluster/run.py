@@ -247,7 +247,7 @@ def run(base: KVBoost, folder: Path, count: int, pool_tokens: int) -> dict[str, 
         three = topologies["3-node cluster"] = {"warm": warm(base, cluster.url, pool)}
         three["loopback"] = measure(base, cluster.url, prompts)
         three[RTT_NAME] = measure(base, cluster.behind_links(DELAY_S), prompts)
-        spread = cluster.keys_per_master(b"kvboost:*")
+        spread = cluster.keys_per_master(b"kvboost:*:[0-9a-f]*")  # values, not the catalogue
         memory = _used_memory(cluster)
     return {
         "model": "smollm2-135m-instruct",
