@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
@@ -128,6 +129,11 @@ class KVBoostConfig:
     # one request at a time; None: 8 on CPU (where a 2-core step costs about 1.3x one
     # request's at 8), 32 on a GPU.
     max_batch_size: int | None = None
+    # Bytes of KV the executor's rows may hold at once (every request decoding or being
+    # built on this model): a request that would take them past it waits for rows to end
+    # instead of running the process out of memory; one alone always runs. None: half the
+    # memory free on the model's device when the engine is made.
+    kv_budget_bytes: int | None = None
     # Prompt-lookup speculation (core/generation/speculation.py): each decoding step also
     # verifies up to this many tokens drafted from the request's own text; the answer is the
     # same (greedy: token for token in fp32, up to rounding in bf16; sampled: the same
@@ -211,6 +217,15 @@ class KVBoostConfig:
                 f"max_batch_size must be an int >= 1 (1 = no batching) or None (auto), "
                 f"got {self.max_batch_size!r}"
             )
+        if self.kv_budget_bytes is not None and (
+            isinstance(self.kv_budget_bytes, bool)
+            or not isinstance(self.kv_budget_bytes, int)
+            or self.kv_budget_bytes < 1
+        ):
+            raise ValueError(
+                f"kv_budget_bytes must be an int >= 1 or None (half the device's free "
+                f"memory), got {self.kv_budget_bytes!r}"
+            )
         if self.draft_tokens is not None and (
             isinstance(self.draft_tokens, bool)
             or not isinstance(self.draft_tokens, int)
@@ -244,6 +259,14 @@ class KVBoostConfig:
         if self.max_batch_size is not None:
             return self.max_batch_size
         return 8 if device.type == "cpu" else 32
+
+    def kv_budget(self, device: torch.device) -> int:
+        """``kv_budget_bytes``, or half the memory free on ``device`` now (no limit where
+        that is unknown)."""
+        if self.kv_budget_bytes is not None:
+            return self.kv_budget_bytes
+        free = free_memory(device)
+        return sys.maxsize if free is None else free // 2
 
     def draft_length(self, device: torch.device) -> int:
         """``draft_tokens``, or its default for ``device``."""
@@ -321,3 +344,17 @@ FIDELITY_REPAIR: dict[str, RepairSettings] = {
     "balanced": RepairSettings("shared", edge_tokens=4, recompute_ratio=0.40, probe_layers=None),
     "fast": RepairSettings("none", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
 }
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` (a CPU's: the host's available memory), None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as info:
+            fields = dict(line.split(":", 1) for line in info)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None

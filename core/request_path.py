@@ -42,6 +42,7 @@ class RequestPath:
         self.config = config
         self.caches = caches
         self.batch_size = config.batch_size(handle.device)
+        self.kv_budget = config.kv_budget(handle.device)
         self.constrainer = Constrainer(tokenizer, sorted(handle.eos))
         self._requests = self._prompt_tokens = self._reused_tokens = 0
         self._counting = threading.Lock()  # the three counters, read together
@@ -90,6 +91,7 @@ class RequestPath:
             sampler=self._sampler(prompt, sampling, structure, cancel),
             structure=structure,
             limit=self.batch_size,
+            kv_budget=self.kv_budget,
             packed=self.config.packed_head,
             compiled=self.config.compiled_step != "off",
             start=start,

@@ -52,6 +52,26 @@ FILL_TOKENS = 1024
 FILL_ROWS = {"cpu": 1}
 
 
+def position_bytes(model: Any) -> int:
+    """A position's KV over every layer, in bytes, from the model's config (0: unknown)."""
+    config = model.config.get_text_config()
+    try:
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return 2 * config.num_hidden_layers * heads * dim * model.dtype.itemsize
+    except (AttributeError, TypeError):
+        return 0
+
+
+def _positions(request: Request) -> int:
+    """The most positions ``request``'s row can need: its prompt, then its answer (and a
+    draft verified past it), or the tokens a logits-only request feeds."""
+    if request.feed is not None:
+        return len(request.prompt.tokens) + len(request.feed) + 1
+    draft = 0 if request.drafter is None else request.drafter.max_draft
+    return len(request.prompt.tokens) + request.sampling.max_new_tokens + draft + 1
+
+
 class Row:
     """A request's row, as its owner's context build sees it (``RowKV``)."""
 
@@ -81,7 +101,7 @@ class Batch:
     them. Rows are ordered: the running ones first, then the building ones."""
 
     def __init__(self, model: Any, support: ModelSupport) -> None:
-        self.slots = SlotCache(len(support.layer_types))
+        self.slots = SlotCache(len(support.layer_types), position_bytes(model))
         self.runner = Runner(model, support, self.slots)
         self.drafting = Drafting(self.runner.compiled, row_cost(model))
         self.rows: list[Request] = []
@@ -109,7 +129,12 @@ class Batch:
         compiled = self.runner.compiled
         counts = (self._steps, self._stepped_rows, self._peak, self._seconds)
         return BatchStats(
-            *counts, compiled.steps, compiled.state, compiled.ms, compiled.compile_seconds
+            *counts,
+            compiled.steps,
+            compiled.state,
+            compiled.ms,
+            compiled.compile_seconds,
+            self.slots.peak_bytes,
         )
 
     # -- schedule ----------------------------------------------------------------------
@@ -118,9 +143,17 @@ class Batch:
         return sum(r.status is Status.RUNNING for r in self.rows)
 
     def admits(self, request: Request) -> bool:
-        """Whether ``request`` may take a row: every engine involved allows the batch."""
-        limit = min(r.limit for r in [*self.rows, request])
-        return len(self.rows) < limit
+        """Whether ``request`` may take a row: every engine involved allows the batch, and
+        its KV budget holds the rows with room for every one's whole answer (a request
+        alone always runs)."""
+        rows = [*self.rows, request]
+        if len(self.rows) >= min(r.limit for r in rows):
+            return False
+        # Rows share one width, which shrinks only once the batch is empty (``_build``).
+        width = max(self.slots.capacity - 1, *map(_positions, rows))
+        return not self.rows or self.slots.bytes_for(len(rows), width) <= min(
+            r.kv_budget for r in rows
+        )
 
     def _admit(self, next_waiting: Callable[[], Request | None]) -> None:
         """Waiting requests take rows while ``next_waiting`` hands one over."""
@@ -133,6 +166,10 @@ class Batch:
     def _build(self, request: Request) -> None:
         row = len(self.rows)
         self.rows.append(request)
+        self.slots.budget = budget = min(r.kv_budget for r in self.rows)
+        wide = self.slots.capacity - 1 > _positions(request)
+        if row == 0 and wide and self.slots.bytes_for(2, self.slots.capacity - 1) > budget:
+            self.slots.clear()  # rows as wide as an earlier long prompt's would fit fewer
         self.slots.reserve(row + 1, len(request.prompt.tokens))
         self.slots.lengths[row] = 0
         request.status = Status.BUILDING

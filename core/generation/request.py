@@ -59,6 +59,7 @@ class Request:
     sampler: Sampler
     structure: Structure  # the answer's form: tool calls are parsed out of the text
     limit: int  # the most requests its engine lets run in one batch
+    kv_budget: int  # the most bytes of KV its engine lets the batch's rows hold
     packed: bool | None  # its engine's ``packed_head``
     compiled: bool  # its engine's ``compiled_step`` is not "off"
     start: float  # perf_counter at the call

@@ -146,3 +146,4 @@ class BatchStats:
     # its warm-up check's step times, ms: (compiled, eager), where it compiled
     compiled_check_ms: tuple[float, float] | None = None
     compiled_seconds: float = 0.0  # the warm-up's compile, where it compiled
+    kv_peak_bytes: int = 0  # the most the rows' KV buffers held (``kv_budget_bytes``)

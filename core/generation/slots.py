@@ -16,6 +16,7 @@ see (the mask is causal by position).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvboost_rag.core.model.kv import LayerKV
 
 ROOM = 256  # capacity grows in steps of this many positions (then doubles)
+
+
+def _room(columns: int) -> int:
+    """``columns`` rounded up to whole steps of ``ROOM``."""
+    return -(-columns // ROOM) * ROOM
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,13 @@ class SlotLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
+        self._cache.measured(key_states, value_states)
         shape = (self._cache.row_capacity, key_states.shape[1], self._cache.capacity)
         self.buffers = tuple(  # type: ignore[assignment]
             t.new_zeros((*shape, t.shape[-1])) for t in (key_states, value_states)
         )
         self.is_initialized = True
+        self._cache.held()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -103,6 +111,7 @@ class SlotLayer(CacheLayerMixin):
                 new[:old_rows, :, :old_capacity] = old
                 grown.append(new)
             self.buffers = (grown[0], grown[1])
+            self._cache.held()
 
     def get_seq_length(self) -> int:
         write = self._cache.current
@@ -137,12 +146,35 @@ class SlotCache(Cache):
     """Rows of KV for the requests one executor runs. Not thread-safe: the executor's thread
     is its only user. ``lengths[row]``: positions of the row that hold valid KV."""
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, position_bytes: int = 0) -> None:
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
         self.row_capacity = 1
         self.capacity = ROOM
         self.lengths: list[int] = []
         self.current: Write | None = None
+        # A position's KV over every layer, in bytes: estimated from the model's config,
+        # then what the buffers hold (``lazy_initialization``).
+        self.position_bytes = position_bytes
+        self.budget: int | None = None  # the buffers never grow past it (``reserve``)
+        self.peak_bytes = 0  # the most the buffers held
+
+    def bytes_for(self, rows: int, columns: int) -> int:
+        """The buffers' bytes with room for ``rows`` rows of ``columns`` positions."""
+        return rows * _room(columns + 1) * self.position_bytes
+
+    def measured(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """A layer's first keys and values: what a position costs over every layer (in
+        place of the estimate from the model's config)."""
+        per_layer = sum(t.shape[1] * t.shape[-1] * t.element_size() for t in (keys, values))
+        self.position_bytes = per_layer * len(self.layers)
+
+    def held(self) -> int:
+        """The buffers' bytes now; the peak is kept in ``peak_bytes``."""
+        held = sum(
+            b.numel() * b.element_size() for layer in self.slot_layers for b in layer.buffers or ()
+        )
+        self.peak_bytes = max(self.peak_bytes, held)
+        return held
 
     @property
     def slot_layers(self) -> list[SlotLayer]:
@@ -152,11 +184,19 @@ class SlotCache(Cache):
         """Room for ``rows`` rows of ``columns`` positions (one more: see ``SCRATCH``)."""
         while len(self.lengths) < rows:
             self.lengths.append(0)
-        if rows > self.row_capacity:
-            self.row_capacity = max(rows, 2 * self.row_capacity)
+        if rows > self.row_capacity:  # doubled, within the budget
+            self.row_capacity = max(rows, min(2 * self.row_capacity, self._fits(self.capacity)))
         need = columns + 1
         if need > self.capacity:  # grown by half at least: a decoding row does not regrow
-            self.capacity = -(-max(need, self.capacity * 3 // 2) // ROOM) * ROOM
+            grown = _room(max(need, self.capacity * 3 // 2))
+            self.capacity = max(_room(need), min(grown, self._fits(self.row_capacity, ROOM)))
+
+    def _fits(self, size: int, step: int = 1) -> int:
+        """How many rows of ``size`` columns (or columns of ``size`` rows, in steps of
+        ``step``) the budget holds; unbounded without one."""
+        if self.budget is None or not self.position_bytes:
+            return sys.maxsize
+        return self.budget // (size * self.position_bytes) // step * step
 
     @property
     def scratch(self) -> int:
