@@ -6,43 +6,30 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, TypeVar, get_args
+from typing import TypeVar, get_args
 
 import torch
 
+from kvboost_rag.core.choices import (
+    FIDELITY_LEVELS,
+    FIDELITY_REPAIR,
+    KV_CODECS,
+    REPAIR_STRATEGIES,
+    TOOL_FORMATS,
+    CompiledStepChoice,
+    Fidelity,
+    PassagePrefix,
+    PrefixFallback,
+    RepairSettings,
+    check_fidelity,
+)
 from kvboost_rag.core.field_types import check_field_types
-from kvboost_rag.core.reuse.repair import STRATEGIES, RepairSettings
-from kvboost_rag.core.store.codec import CODECS
-from kvboost_rag.core.store.redis_client import check_url
-from kvboost_rag.core.tools.formats import FORMATS
+from kvboost_rag.core.remote_url import check_url
+
+__all__ = ["FIDELITY_LEVELS", "Fidelity", "KVBoostConfig", "check_fidelity"]
 
 T = TypeVar("T")
 SECRET_ENV = "KVBOOST_CACHE_SECRET"
-
-# "exact": prefix cache only, bit-faithful; "balanced": passage reuse with the "shared"
-# repair; "fast": passage reuse without repair (FIDELITY_REPAIR). The one list of levels.
-Fidelity = Literal["exact", "balanced", "fast"]
-FIDELITY_LEVELS: tuple[str, ...] = get_args(Fidelity)
-
-# What passages are encoded after. "prompt": the prompt's own prefix (everything before its
-# first passage), so the KV is what a full prefill computes for the first passage and close
-# to it for the others; the cache key folds the prefix in. "anchor": BOS only, one variant
-# per passage for every prompt (lower accuracy, measured in docs/bench/front-*.txt).
-PassagePrefix = Literal["prompt", "anchor"]
-# When a prompt's prefix has no variant of a passage. "nearest": reuse the variant of the
-# known prefix sharing the most leading tokens (reported per request as passages_foreign);
-# "encode": treat it as a miss (encoded now under the real prefix, or the prompt is
-# prefilled plainly and its passages encoded after the answer).
-PrefixFallback = Literal["nearest", "encode"]
-# Whether a one-request decoding step runs compiled: ``KVBoostConfig.compiled_step``.
-CompiledStepChoice = Literal["off", "measured", "on"]
-
-
-def check_fidelity(value: str) -> Fidelity:
-    """``value`` if it names a fidelity level; else ``ValueError`` listing them."""
-    if value not in FIDELITY_LEVELS:
-        raise ValueError(f"fidelity must be one of {FIDELITY_LEVELS}, got {value!r}")
-    return value  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -64,7 +51,8 @@ class KVBoostConfig:
     # so a multi-turn conversation reuses its history.
     cache_generated: bool = True
     # Repair strategy for reused passages; None takes the fidelity level's default
-    # (see FIDELITY_REPAIR). One of kvboost_rag.core.reuse.repair.STRATEGIES.
+    # (see FIDELITY_REPAIR). One of REPAIR_STRATEGIES: "none",
+    # "edges", "deviation", "shared", "query", "passage".
     repair: str | None = None
     # Share of reused passage tokens recomputed by the "deviation", "query" and "passage"
     # strategies; for "shared", the share past which it recomputes every reused token. None
@@ -112,7 +100,7 @@ class KVBoostConfig:
     remote_timeout: float = 0.5
     # How passage and session KV is stored on disk and in the shared tier: "none" (as
     # computed), "int8" or "fp8" (one byte per element, 2x smaller than bf16; measured in
-    # docs/bench/remote-*.txt). Exact prefix blocks are never coded. One of core.codec.CODECS.
+    # docs/bench/remote-*.txt). Exact prefix blocks are never coded. One of KV_CODECS.
     kv_codec: str = "none"
     # Signs every entry written to disk and Redis (HMAC-SHA256) and rejects entries read
     # without a valid signature: whoever can write the shared folder or server but lacks
@@ -120,7 +108,8 @@ class KVBoostConfig:
     # unset, entries are checksummed only (damage is caught, malice is not).
     cache_secret: str | bytes | None = field(default=None, repr=False)
     # How tool calls look in the model's output: "auto" reads the chat template (Hermes
-    # tags when it has no tool support), or one of kvboost_rag.core.tools.formats.FORMATS.
+    # tags when it has no tool support), or one of TOOL_FORMATS ("hermes",
+    # "json", "llama3").
     tool_format: str = "auto"
     # Decode tool calls and JSON answers under a grammar (llguidance), so they are valid
     # even from a small model; a request's constrain= overrides it.
@@ -180,19 +169,22 @@ class KVBoostConfig:
         check_fidelity(self.fidelity)
         _check_choice("passage_prefix", self.passage_prefix, PassagePrefix)
         _check_choice("prefix_fallback", self.prefix_fallback, PrefixFallback)
-        if self.tool_format != "auto" and self.tool_format not in FORMATS:
+        if self.tool_format != "auto" and self.tool_format not in TOOL_FORMATS:
             raise ValueError(
-                f"tool_format must be 'auto' or one of {sorted(FORMATS)}, got {self.tool_format!r}"
+                f"tool_format must be 'auto' or one of {sorted(TOOL_FORMATS)}, "
+                f"got {self.tool_format!r}"
             )
         _check_remote(self)
-        if self.kv_codec not in CODECS:
-            raise ValueError(f"kv_codec must be one of {CODECS}, got {self.kv_codec!r}")
+        if self.kv_codec not in KV_CODECS:
+            raise ValueError(f"kv_codec must be one of {KV_CODECS}, got {self.kv_codec!r}")
         if self.max_cache_bytes < 0:
             raise ValueError(f"max_cache_bytes must be >= 0, got {self.max_cache_bytes}")
         if not 1 <= self.block_tokens <= 4096:
             raise ValueError(f"block_tokens must be in [1, 4096], got {self.block_tokens}")
-        if self.repair is not None and self.repair not in STRATEGIES:
-            raise ValueError(f"repair must be one of {sorted(STRATEGIES)}, got {self.repair!r}")
+        if self.repair is not None and self.repair not in REPAIR_STRATEGIES:
+            raise ValueError(
+                f"repair must be one of {sorted(REPAIR_STRATEGIES)}, got {self.repair!r}"
+            )
         if self.recompute_ratio is not None and not 0.0 <= self.recompute_ratio <= 1.0:
             raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio}")
         if self.edge_tokens is not None and self.edge_tokens < 0:
@@ -327,23 +319,6 @@ def _check_choice(name: str, value: object, choices: object) -> None:
 
 def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
-
-
-# Defaults per fidelity level, chosen by measurement on real models (issue 46,
-# docs/bench/front-real-*.txt: Qwen2.5-Coder 0.5B / 1.5B, ~1k-token prompts of 4 warmed
-# passages, chat and completion prompts, the answer's passage at every position, whole
-# answers scored). "balanced": the shared repair (every sentence of a passage holding text
-# another passage holds, and each passage's first 4 tokens; past 40% of the reused tokens,
-# all of them), which on the 0.5B kept 41 of full prefill's 42 right answers where the
-# deviation repair that was the default (the 25% of reused tokens whose layer-1 values
-# moved most) kept 37 at half its speed, and no repair 35: on look-alike passages (a fact
-# sentence of one shape in each) the tokens whose KV moves most under reuse are those
-# sentences and the passages' first words, which the shared repair finds from token ids with
-# no probe. "fast" repairs nothing: as good on passages unlike each other, and the fastest.
-FIDELITY_REPAIR: dict[str, RepairSettings] = {
-    "balanced": RepairSettings("shared", edge_tokens=4, recompute_ratio=0.40, probe_layers=None),
-    "fast": RepairSettings("none", edge_tokens=4, recompute_ratio=0.15, probe_layers=None),
-}
 
 
 def free_memory(device: torch.device) -> int | None:

@@ -17,13 +17,11 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.generation.handle import ModelHandle
 from kvboost_rag.core.generation.request import Request
-from kvboost_rag.core.generation.result import EngineStats, GenerationResult, WarmResult
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.model import measurements
-from kvboost_rag.core.model.fingerprint import model_fingerprint
-from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.loading import (
     check_attn_implementation,
     check_device,
@@ -36,7 +34,9 @@ from kvboost_rag.core.model.quantized import check_weights, quantize
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.request_path import RequestPath
+from kvboost_rag.core.results import EngineStats, GenerationResult, WarmResult
 from kvboost_rag.core.reuse.caches import Caches
+from kvboost_rag.core.store.fingerprint import model_fingerprint
 from kvboost_rag.core.store.tiers import open_tiers
 from kvboost_rag.core.tools.formats import Tool
 from kvboost_rag.core.tools.structure import ResponseFormat, Structure

@@ -17,14 +17,14 @@ from typing import Any
 from transformers import LogitsProcessorList, StopStringCriteria
 
 from kvboost_rag.core.config import KVBoostConfig
+from kvboost_rag.core.generation.handle import ModelHandle
 from kvboost_rag.core.generation.request import Request
-from kvboost_rag.core.generation.result import GenerationResult, Timings
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.speculation import PromptLookup
 from kvboost_rag.core.generation.streaming import complete, cut_at_stop
-from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.results import GenerationResult, Timings
 from kvboost_rag.core.reuse.assemble import RowKV
 from kvboost_rag.core.reuse.caches import Caches
 from kvboost_rag.core.reuse.context import Context

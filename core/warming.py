@@ -18,10 +18,10 @@ from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import ContextWindowError
 from kvboost_rag.core.generation.executor import Executor
-from kvboost_rag.core.generation.result import WarmResult
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.kv import LayerKV, blocks_cache, kv_nbytes, layer_kv
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
+from kvboost_rag.core.results import WarmResult
 from kvboost_rag.core.reuse.assemble import PassageReuse
 from kvboost_rag.core.reuse.caches import Caches
 from kvboost_rag.core.store.tiers import CacheStats

@@ -19,10 +19,10 @@ from pydantic import BaseModel, Field
 
 from kvboost_rag.core.config import KVBoostConfig, check_fidelity
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import MAX_SEED, SamplingOptions
 from kvboost_rag.core.model import openmp
 from kvboost_rag.core.prompt.chunker import format_passages, split_passage
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.documents import document_texts
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

@@ -8,15 +8,15 @@ from kvboost_rag.core.errors import (
     KVBoostError,
     UnknownModelError,
 )
-from kvboost_rag.core.generation.result import (
+from kvboost_rag.core.generation.streaming import GenerationStream
+from kvboost_rag.core.prompt.chunker import MarkerError, format_passages, passage
+from kvboost_rag.core.prompt.prompts import ChatTemplateError
+from kvboost_rag.core.results import (
     EngineStats,
     GenerationResult,
     Timings,
     WarmResult,
 )
-from kvboost_rag.core.generation.streaming import GenerationStream
-from kvboost_rag.core.prompt.chunker import MarkerError, format_passages, passage
-from kvboost_rag.core.prompt.prompts import ChatTemplateError
 from kvboost_rag.warm import warm_corpus
 
 __all__ = [

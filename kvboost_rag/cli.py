@@ -38,7 +38,7 @@ from kvboost_rag.arguments import (
 from kvboost_rag.core.model.quantized import WEIGHTS
 
 if TYPE_CHECKING:
-    from kvboost_rag.core.generation.result import WarmResult
+    from kvboost_rag.core.results import WarmResult
 
 PROG = "kvboost-rag"
 SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
@@ -149,7 +149,7 @@ def warm_folder(args: argparse.Namespace) -> None:
 
 def warm_on_server(args: argparse.Namespace) -> None:
     """Warm the folder's files on a running ``kvboost-rag serve`` (its engine and tiers)."""
-    from kvboost_rag.core.generation.result import WarmResult
+    from kvboost_rag.core.results import WarmResult
     from kvboost_rag.warm_server import warm_through
 
     if args.cache_dir is not None or args.remote_url is not None:

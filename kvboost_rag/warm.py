@@ -8,7 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import WarmResult
+from kvboost_rag.core.results import WarmResult
 from kvboost_rag.documents import PASSAGE_SLOT, document_label, document_list, document_text
 
 # What ``engine.warm_passages(prefix=...)`` takes: None, a completion prompt, or messages.

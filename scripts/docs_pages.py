@@ -142,14 +142,16 @@ def config_fields() -> str:
             )
     missing = set(defaults) - {r.split("`")[1] for r in rows[2:]}
     assert not missing, f"fields without a row: {missing}"
+    named = (ROOT / "core" / "choices.py").read_text()  # the choices' own module
+    named_lines = named.splitlines()
     choices = [
-        f"- `{n.targets[0].id}` = `{ast.unparse(n.value)}`: {_comment_above(lines, n.lineno)}"
-        for n in tree.body
+        f"- `{n.targets[0].id}` = `{ast.unparse(n.value)}`: {_comment_above(named_lines, n.lineno)}"
+        for n in ast.parse(named).body
         if isinstance(n, ast.Assign)
         and isinstance(n.targets[0], ast.Name)
         and n.targets[0].id in ("Fidelity", "PassagePrefix", "PrefixFallback")
     ]
-    from kvboost_rag.core.config import FIDELITY_REPAIR
+    from kvboost_rag.core.choices import FIDELITY_REPAIR
 
     levels = [
         "| level | repair | recompute_ratio | edge_tokens | probe_layers |",

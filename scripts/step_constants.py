@@ -43,8 +43,8 @@ from kvboost_rag import KVBoost
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.generation.batch import Batch
 from kvboost_rag.core.generation.compiled import CompiledStep
+from kvboost_rag.core.generation.handle import ModelHandle
 from kvboost_rag.core.model import linears
-from kvboost_rag.core.model.handle import ModelHandle
 from kvboost_rag.core.model.packed import packed_linear
 
 KEYS = 900  # cached keys a decoding row holds: a RAG prompt of three passages

@@ -29,12 +29,12 @@ import torch
 
 from kvboost_rag.core.generation.drafting import Drafting
 from kvboost_rag.core.generation.request import Request, Status
-from kvboost_rag.core.generation.result import BatchStats
 from kvboost_rag.core.generation.runner import Runner
 from kvboost_rag.core.generation.slots import SlotCache
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.model.quantized import row_cost
+from kvboost_rag.core.results import BatchStats
 
 # Fill tokens per turn while other requests decode: a build then delays their next token
 # by one such forward, not by the whole prompt. Smaller chunks cost more per token (each

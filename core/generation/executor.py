@@ -38,11 +38,11 @@ import torch
 from kvboost_rag.core.generation.batch import Batch
 from kvboost_rag.core.generation.job import Job
 from kvboost_rag.core.generation.request import Request
-from kvboost_rag.core.generation.result import BatchStats
 from kvboost_rag.core.model import openmp
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.measurements import Measurements
 from kvboost_rag.core.model.yielding import preemptible
+from kvboost_rag.core.results import BatchStats
 
 T = TypeVar("T")
 IDLE_SECONDS = 1.0  # the loop's thread ends after this long without work

@@ -18,11 +18,11 @@ from typing import Protocol
 
 import torch
 
-from kvboost_rag.core.generation.result import GenerationResult, Timings
 from kvboost_rag.core.generation.sampler import Sampler
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.speculation import PromptLookup
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.results import GenerationResult, Timings
 from kvboost_rag.core.reuse.assemble import RowKV
 from kvboost_rag.core.reuse.context import Context
 from kvboost_rag.core.reuse.lookup import Lookup

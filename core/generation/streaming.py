@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 
 if TYPE_CHECKING:
     from kvboost_rag.core.generation.request import Request

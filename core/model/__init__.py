@@ -1,1 +1,1 @@
-"""The model: loading, its structure, fingerprint, RoPE and KV tensors."""
+"""The model: loading, its structure, RoPE and KV tensors."""

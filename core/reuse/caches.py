@@ -25,12 +25,12 @@ from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 from kvboost_rag.core.config import KVBoostConfig
-from kvboost_rag.core.generation.result import Timings
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.yielding import Preempted
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.placing import Placed
 from kvboost_rag.core.prompt.prompts import anchor_tokens
+from kvboost_rag.core.results import Timings
 from kvboost_rag.core.reuse.assemble import PassageReuse, RowKV
 from kvboost_rag.core.reuse.context import Context, build_context
 from kvboost_rag.core.reuse.index import PassageIndex

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvboost_rag.core.generation.result import Timings
 from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.results import Timings
 from kvboost_rag.core.reuse.assemble import PassageReuse, RowKV
 from kvboost_rag.core.reuse.lookup import Lookup
 from kvboost_rag.core.reuse.plan import Plan

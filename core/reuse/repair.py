@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.choices import REPAIR_STRATEGIES, RepairSettings
 from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import KEYWORD, Forward, steered
 from kvboost_rag.core.model.hf_compat import eager_attention
@@ -51,19 +52,6 @@ class RepairPlan:
             object.__setattr__(self, "tail", max((end for _, end in self.spans), default=0))
         if not self.reused_tokens:
             object.__setattr__(self, "reused_tokens", sum(e - s for s, e in self.spans))
-
-
-@dataclass(frozen=True)
-class RepairSettings:
-    strategy: str  # a key of STRATEGIES
-    edge_tokens: int  # "edges": first tokens of each reused passage
-    recompute_ratio: float  # "deviation": share of reused tokens recomputed
-    probe_layers: int | None  # "deviation" / "query": decoder layers run to choose tokens
-    # (None: deviation 2, query all; capped at the model's depth)
-    # "query": stop choosing once the chosen tokens hold this share of the attention the
-    # question pays to the reused ones (an adaptive ratio, at most ``recompute_ratio``);
-    # None: always ``recompute_ratio``.
-    recompute_mass: float | None = None
 
 
 Strategy = Callable[[RepairPlan, RepairSettings, Any], list[int]]
@@ -168,6 +156,7 @@ STRATEGIES: dict[str, Strategy] = {
     "query": choose_query,
     "passage": choose_passages,
 }
+assert tuple(STRATEGIES) == REPAIR_STRATEGIES  # the names config checks ``repair`` against
 
 
 def get_strategy(name: str) -> Strategy:

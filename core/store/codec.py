@@ -29,11 +29,12 @@ import torch
 import xxhash
 from safetensors.torch import save
 
+from kvboost_rag.core.choices import KV_CODECS
 from kvboost_rag.core.model.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.store.memory import Entry
 
 FORMAT = "kvboost-kv-2"  # files without a "codec" field (0.1) read as codec "none"
-CODECS: tuple[str, ...] = ("none", "int8", "fp8")
+CODECS: tuple[str, ...] = KV_CODECS
 _QUANT = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.bfloat16, torch.float16)}
 # The safetensors names of the dtypes entries hold (token ids, KV, codes, scales).

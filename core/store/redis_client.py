@@ -20,17 +20,9 @@ connection's own setup (HELLO, AUTH, CLIENT SETINFO) is counted apart, as a conn
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import Any
 
-CLUSTER_SCHEME = "redis-cluster://"
-SERVER_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-class ClusterURL(NamedTuple):
-    nodes: list[tuple[str, int]]  # seed nodes, in the URL's order
-    username: str | None
-    password: str | None
+from kvboost_rag.core.remote_url import is_cluster, parse_cluster_url
 
 
 class RoundTrips:
@@ -66,54 +58,6 @@ def import_redis() -> Any:
             "remote_url needs the Redis client: pip install 'kvboost-rag[redis]'"
         ) from error
     return redis
-
-
-def is_cluster(url: str) -> bool:
-    return url.startswith(CLUSTER_SCHEME)
-
-
-def check_url(url: str) -> None:
-    """Raise ``ValueError`` naming the fix unless ``url`` is a server or cluster URL."""
-    if is_cluster(url):
-        parse_cluster_url(url)
-    elif not url.startswith(SERVER_SCHEMES):
-        raise ValueError(
-            "remote_url must be a redis://, rediss:// or unix:// URL (one server) or "
-            f"redis-cluster://host:port[,host:port...] (a Redis Cluster), got {redact(url)!r}"
-        )
-    else:
-        try:  # a port out of range or not a number, found here rather than at the first write
-            _ = urlsplit(url).port
-        except ValueError as error:
-            raise ValueError(f"remote_url {redact(url)!r}: {error}") from None
-
-
-def parse_cluster_url(url: str) -> ClusterURL:
-    """The seed nodes and credentials of a ``redis-cluster://`` URL."""
-    assert is_cluster(url)
-    rest = url[len(CLUSTER_SCHEME) :]
-    userinfo, _, hosts = rest.rpartition("@")
-    hosts, slash, path = hosts.partition("/")
-    example = "e.g. redis-cluster://10.0.0.1:7000,10.0.0.2:7000"
-    if path not in ("", "0") or "?" in hosts:
-        raise ValueError(
-            f"remote_url {redact(url)!r}: a cluster has only database 0 and takes no options; "
-            f"give its nodes only, {example}"
-        )
-    nodes = [_node(url, part, example) for part in hosts.split(",")]
-    user, colon, password = userinfo.partition(":")
-    return ClusterURL(nodes, unquote(user) or None, unquote(password) if colon else None)
-
-
-def _node(url: str, part: str, example: str) -> tuple[str, int]:
-    host, _, port = part.strip().rpartition(":")
-    host = host.strip("[]")  # [::1]:7000
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
-            f"remote_url {redact(url)!r}: every cluster node needs host:port, got {part!r}; "
-            f"{example}"
-        )
-    return host, int(port)
 
 
 def open_client(url: str, timeout: float, round_trips: RoundTrips) -> Any:
@@ -177,13 +121,3 @@ def _counted(base: type, round_trips: RoundTrips) -> type:
             super().send_packed_command(command, check_health)
 
     return Counted
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (for messages and stats); cluster URLs too."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))

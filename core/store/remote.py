@@ -39,9 +39,10 @@ from typing import Any
 
 from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.model.kv import LayerKV
+from kvboost_rag.core.remote_url import redact
 from kvboost_rag.core.store import codec
 from kvboost_rag.core.store.memory import Entry
-from kvboost_rag.core.store.redis_client import import_redis, redact
+from kvboost_rag.core.store.redis_client import import_redis
 from kvboost_rag.core.store.remote_link import RemoteLink
 from kvboost_rag.core.store.writer import BatchWriter
 

@@ -30,14 +30,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from kvboost_rag.core.caller_warnings import warn
+from kvboost_rag.core.remote_url import is_cluster, redact
 from kvboost_rag.core.store.backoff import Backoff
-from kvboost_rag.core.store.redis_client import (
-    RoundTrips,
-    import_redis,
-    is_cluster,
-    open_client,
-    redact,
-)
+from kvboost_rag.core.store.redis_client import RoundTrips, import_redis, open_client
 
 T = TypeVar("T")
 log = logging.getLogger("kvboost_rag")

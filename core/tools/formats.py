@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kvboost_rag.core.choices import TOOL_FORMATS
 from kvboost_rag.core.tools.calls import (
     InvalidToolCall,
     Parsed,
@@ -187,6 +188,7 @@ class Llama3Format(JsonFormat):
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (ToolFormat(), JsonFormat(), Llama3Format())}
+assert tuple(FORMATS) == TOOL_FORMATS  # the names config checks ``tool_format`` against
 
 
 def format_for(template: str | None, override: str = "auto") -> ToolFormat:

@@ -9,8 +9,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from kvboost_rag.core.config import Fidelity, KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.model.quantized import Weights
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.integrations._common import (
     DEFAULT_MODEL,
     SAMPLING_OPTIONS,

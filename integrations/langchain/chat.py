@@ -15,7 +15,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BaseModel, ConfigDict
 
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.integrations._common import aiter_thread, in_thread
 from kvboost_rag.integrations.langchain._fields import FORM_OPTIONS, TOOL_OPTIONS, KVBoostFields
 from kvboost_rag.integrations.langchain.messages import (

@@ -14,7 +14,7 @@ from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.documents import document_texts
 from kvboost_rag.integrations._common import aiter_thread, concurrently, in_thread
 from kvboost_rag.integrations.langchain._fields import KVBoostFields

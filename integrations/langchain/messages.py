@@ -25,7 +25,7 @@ from langchain_core.messages.tool import (
     tool_call_chunk,
 )
 
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.integrations._common import documents_as_passages
 
 _ROLES: dict[type[BaseMessage], str] = {

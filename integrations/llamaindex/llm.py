@@ -26,8 +26,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from kvboost_rag.core.config import Fidelity
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.core.errors import KVBoostError
-from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.streaming import GenerationStream
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.integrations._common import (
     DEFAULT_MODEL,
     SAMPLING_OPTIONS,

@@ -16,8 +16,8 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.streaming import GenerationStream
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.integrations._common import in_thread
 
 __all__ = ["Generation", "RequestTimeout", "open_generation"]

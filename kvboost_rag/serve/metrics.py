@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 
 __all__ = ["CONTENT_TYPE", "Metrics", "RequestCounter"]
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.serve.errors import APIError, engine_error, error_body
 from kvboost_rag.serve.generation import Generation, RequestTimeout
 from kvboost_rag.serve.translate import finish_reason, tool_calls, usage

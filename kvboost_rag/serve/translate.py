@@ -13,8 +13,8 @@ from functools import partial
 from typing import Any
 
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import MAX_SEED
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.integrations._common import result_stats
 from kvboost_rag.serve.generation import Opener
 from kvboost_rag.serve.schemas import ChatMessage, ChatRequest, CompletionRequest, _Sampling

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import WarmResult
+from kvboost_rag.core.results import WarmResult
 from kvboost_rag.integrations._common import in_thread
 from kvboost_rag.serve.errors import engine_error, error_body
 from kvboost_rag.serve.schemas import WarmRequest

@@ -73,6 +73,7 @@ KINDS: dict[str, set[str]] = {
     "tool_format": {"str"},
     "constrained_decoding": {"bool"},
     "max_batch_size": {INT, "none"},
+    "kv_budget_bytes": {INT, "none"},
     "draft_tokens": {INT, "none"},
     "packed_head": {"bool", "none"},
     "packed_linears": {"bool"},
@@ -152,6 +153,7 @@ BAD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "kv_codec": st.sampled_from(["", "int4", "fp16", "INT8"]),
     "tool_format": st.sampled_from(["", "openai", "Auto"]),
     "max_batch_size": st.integers(max_value=0),
+    "kv_budget_bytes": st.integers(max_value=0),
     "draft_tokens": st.one_of(st.integers(max_value=-1), st.integers(min_value=65)),
     "compiled_step": st.sampled_from(["", "yes", "True"]),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvboost_rag.bench.agent.loop import same_answer
 from kvboost_rag.bench.agent.run import summary, table
-from kvboost_rag.core.generation.result import GenerationResult
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.core.tools.formats import ToolCall
 
 

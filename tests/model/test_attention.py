@@ -41,7 +41,7 @@ def test_a_split_continuation_equals_a_full_prefill(arch: str, cached: int) -> N
 def test_the_users_model_is_left_as_it_was(arch: str, tokenizer) -> None:
     """The engine runs its own copy of the model's modules over the same weights: the
     user's model keeps its classes and attention, and its generate gives what it gave."""
-    from kvboost_rag.core.model.handle import ModelHandle
+    from kvboost_rag.core.generation.handle import ModelHandle
     from kvboost_rag.core.model.linears import EngineLinear
 
     model = make_model(arch)

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from conftest import make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.model.fingerprint import model_fingerprint
 from kvboost_rag.core.model.quantized import GROUPS, QuantizedLinear, check_weights, quantize
+from kvboost_rag.core.store.fingerprint import model_fingerprint
 
 KINDS = ["int8", "int4"]  # weight-only
 ALL_KINDS = [*KINDS, "int8-dynamic"]

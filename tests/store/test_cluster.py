@@ -13,8 +13,8 @@ from redis_server import VALUES, ClusterProcess
 from warm_worker import corpus
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.remote_url import parse_cluster_url, redact
 from kvboost_rag.core.store.keys import digest
-from kvboost_rag.core.store.redis_client import parse_cluster_url, redact
 from kvboost_rag.core.store.remote import RemoteStore
 
 WORKER = Path(__file__).parents[1] / "warm_worker.py"

@@ -12,7 +12,7 @@ import pytest
 from families import family, family_engine  # noqa: F401 - the fixture
 
 from kvboost_rag import KVBoost
-from kvboost_rag.core.model.handle import eos_ids
+from kvboost_rag.core.generation.handle import eos_ids
 from kvboost_rag.core.tools.structure import Constrainer
 
 ADD = {

@@ -16,9 +16,9 @@ from typing import Any
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.generation.result import GenerationResult
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
+from kvboost_rag.core.results import GenerationResult
 from kvboost_rag.core.tools.structure import Structure
 
 SYSTEM = (

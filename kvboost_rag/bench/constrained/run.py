@@ -46,7 +46,7 @@ from kvboost_rag.bench.constrained.tasks import (
     call_errors,
     json_errors,
 )
-from kvboost_rag.core.model.handle import eos_ids
+from kvboost_rag.core.generation.handle import eos_ids
 from kvboost_rag.core.tools.structure import Structure, json_schema
 
 # Target -> the request whose prompt it is decoded after.

@@ -12,17 +12,15 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from kvboost_rag.core.generation.executor import Executor
+from kvboost_rag.core.generation.profile import SpeedProfile
 from kvboost_rag.core.model.arch import ModelSupport, copy_support, model_support
 from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
 from kvboost_rag.core.model.view import engine_view
-
-if TYPE_CHECKING:
-    from kvboost_rag.core.generation.executor import Executor
-    from kvboost_rag.core.generation.profile import SpeedProfile
 
 
 @dataclass(eq=False)
@@ -65,8 +63,6 @@ def eos_ids(model: Any) -> frozenset[int]:
 
 
 def _make(model: Any, measurements: Measurements) -> ModelHandle:
-    from kvboost_rag.core.generation.executor import Executor
-
     support = model_support(model, measurements)  # refuses a model before copying it
     view = engine_view(model)
     support = copy_support(view, support)

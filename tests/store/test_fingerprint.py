@@ -1,7 +1,7 @@
 import torch
 from conftest import make_model, make_tokenizer
 
-from kvboost_rag.core.model.fingerprint import model_fingerprint
+from kvboost_rag.core.store.fingerprint import model_fingerprint
 
 
 def test_same_model_same_fingerprint(tokenizer) -> None:
