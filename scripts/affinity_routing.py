@@ -35,14 +35,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules
 
 import affinity_sim as sim  # noqa: E402
-from affinity_costs import measure  # noqa: E402
+from affinity_costs import costs, measure  # noqa: E402
 
 from kvboost_rag import KVBoostConfig  # noqa: E402
 from kvboost_rag.bench.common.transcript import note  # noqa: E402
 
 # what --costs takes from a record
-MEASURED = ("machine", "redis", "tiers", "redis_read_ms_per_passage", "by_encoded", "costs")
-MEASURED += ("redis_bytes_per_passage", "as_intended", "passage_kv_bytes", "load_average")
+MEASURED = ("machine", "redis", "calls", "costs", "redis_bytes_per_passage", "as_intended")
+MEASURED += ("passage_kv_bytes", "prompt_kv_bytes", "load_average")
 MEASURED += ("runs", "date", "model", "rounds", "k", "measured_by")
 
 
@@ -56,7 +56,8 @@ def simulate(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         for s in zipfs:
             note(f"simulating zipf s={s}, Redis {'warmed' if warmed else 'empty'}")
             w = sim.Workload(args.corpus, k=args.k, zipf=s, requests=args.requests, warmed=warmed)
-            rows += sim.compare(w, args.replicas, record["memory_passages"], table)
+            memory = sim.Memory(record["memory_passages"], record["prompt_passages"])
+            rows += sim.compare(w, args.replicas, memory, table)
     for row in rows:
         row["redis_reads_per_request"] = row["redis_share"] * args.k
         row["ttft_mean_over_link_ms"] = (
@@ -66,19 +67,20 @@ def simulate(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
 
 
 def cost_lines(record: dict[str, Any]) -> list[str]:
-    k, lines = record["k"], [f"{'passages':44} {'median':>7} {'min':>7} {'max':>7}  as meant"]
-    spreads = [(f"all {k} in the replica's memory tier (a)", record["tiers"]["memory"], "memory")]
-    spreads.append((f"all {k} only in Redis (b)", record["tiers"]["redis"], "redis"))
-    spreads.append((f"all {k} nowhere: encoded (c)", record["tiers"]["encoded"], "encoded"))
-    for e, c in record["by_encoded"].items():
-        if 0 < int(e) < k:
-            spreads.append((f"{e} of {k} encoded, the rest in memory", c, ""))
-    read = record["redis_read_ms_per_passage"]
-    spreads.append(("one passage from Redis, not memory: (b-a)/k", read, ""))
-    for name, c, tier in spreads:
-        meant = f"{record['as_intended'][tier]:>3}/{record['rounds']}" if tier else ""
-        cells = " ".join(f"{c[key]:7.0f}" for key in ("median", "min", "max"))
-        lines.append(f"{name:44} {cells}  {meant}")
+    k, rounds = record["k"], record["rounds"]
+    names = {
+        "memory": f"all {k} in the replica's memory tier (a)",
+        "redis": f"all {k} only in Redis (b)",
+        "encoded": f"all {k} nowhere: encoded (c)",
+        **{f"{e} of {k} encoded": f"{e} of {k} encoded, the rest in memory" for e in range(1, k)},
+        "redis read": "a passage from Redis, not memory: (b - a) / k",
+    }
+    lines = [f"{'':46} {'median':>7} {'min':>7} {'max':>7} {'cost':>7}  as meant"]
+    for key, name in names.items():
+        c = record["calls"][key]
+        cells = " ".join(f"{c[x]:7.0f}" for x in ("median", "min", "max", "scaled"))
+        meant = record["as_intended"].get(key)
+        lines.append(f"{name:46} {cells}" + (f"  {meant}/{rounds}" if meant is not None else ""))
     return lines
 
 
@@ -109,16 +111,18 @@ def text(record: dict[str, Any]) -> str:
         f"{record['model']} {m['dtype']}, redis {record['redis']['version']}, load average "
         + " -> ".join(f"{a[0]:.1f}" for a in record["load_average"].values()),
         "",
-        f"TTFT ms of a {record['k']}-passage prompt by where its passages' KV is "
-        f"({record['rounds']} interleaved rounds):",
+        f"TTFT ms of a {record['k']}-passage prompt by where its passages' KV is, "
+        f"{record['rounds']} interleaved rounds (cost: the median share of its round's (c), "
+        "times (c)'s median):",
         *cost_lines(record),
         "",
         f"a passage: {record['passage_kv_bytes'] / 2**20:.2f} MiB of KV in memory, "
         f"{record['redis_bytes_per_passage'] / 2**20:.2f} MiB sent by Redis per passage read; "
         f"a replica's memory tier ({record['memory_budget_bytes'] / 2**30:.0f} GiB) holds "
-        f"{record['memory_passages']}",
-        "TTFT(m in memory, r from Redis, e encoded) = median of e encoded with the rest in "
-        "memory + r x the Redis cost",
+        f"{record['memory_passages']:.0f}, and each request's prompt leaves "
+        f"{record['prompt_passages']:.1f} passages' worth of KV in it",
+        "TTFT(m in memory, r from Redis, e encoded) = the cost of e encoded with the rest in "
+        "memory + r x a Redis read's",
         "",
         f"simulated: {record['requests']} requests over {record['corpus']} passages, Redis "
         "warmed with all of them or empty at first (TTFT estimate: the cost of each "
@@ -171,8 +175,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="torch threads (default: torch's); 1 keeps a "
         "forward from waiting on a core other work holds",
     )
-    parser.add_argument("--costs", type=Path, help="a record whose measured costs to reuse")
-    parser.add_argument("--memory-passages", type=int, help="default: the memory budget's")
+    parser.add_argument("--costs", type=Path, help="a record whose measured calls to reuse")
+    parser.add_argument("--memory-passages", type=float, help="default: the memory budget's")
     parser.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--zipf", type=float, nargs="+", default=[0.6, 1.0, 1.2])
     parser.add_argument(
@@ -186,8 +190,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.costs:  # what was measured, as it was recorded
+    if args.costs:  # what was measured, as it was recorded; the costs made from its calls
         measured = {k: v for k, v in json.loads(args.costs.read_text()).items() if k in MEASURED}
+        measured |= costs(measured["runs"], measured["k"])
     else:
         measured = measure(args) | {"date": datetime.date.today().isoformat()}
         measured |= {"model": args.model, "rounds": args.rounds, "k": args.k}
@@ -197,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     record = measured | {
         "command": " ".join([".venv/bin/python scripts/affinity_routing.py", *sys.argv[1:]]),
         "memory_budget_bytes": budget,
-        "memory_passages": args.memory_passages or int(budget // measured["passage_kv_bytes"]),
+        "memory_passages": args.memory_passages or budget / measured["passage_kv_bytes"],
+        # what each request's prompt leaves in the memory tier (cache_generated), in passages
+        "prompt_passages": (measured["prompt_kv_bytes"] or 0) / measured["passage_kv_bytes"],
         "corpus": args.corpus,
         "link_gbit": args.link_gbit,
         "requests": args.requests,

@@ -185,12 +185,23 @@ def percentile(values: Sequence[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
+@dataclass(frozen=True)
+class Memory:
+    """A replica's memory tier, in passages' KV: an LRU of ``size`` of them, where each
+    request also leaves its prompt's KV (``cache_generated``), ``prompt`` passages' worth,
+    never reused by another request (each asks its own question)."""
+
+    size: float
+    prompt: float = 0.0
+
+
 def simulate(
-    stream: list[Request], router: Router, memory: int, costs: Costs, w: Workload
+    stream: list[Request], router: Router, memory: Memory, costs: Costs, w: Workload
 ) -> dict[str, Any]:
     """Routes ``stream``; the tiers each counted request's passages came from, its TTFT
     estimate (``costs`` of its mix) and each replica's share of the counted requests."""
-    memories = [OrderedDict[int, None]() for _ in range(router.replicas)]
+    memories = [OrderedDict[Any, float]() for _ in range(router.replicas)]
+    held_size = [0.0] * router.replicas
     redis = set(range(w.passages)) if w.warmed else set[int]()
     warmup = int(w.warmup * w.requests)
     tiers, ttft, served = [0, 0, 0], list[float](), [0] * router.replicas
@@ -199,11 +210,15 @@ def simulate(
         held, mix = memories[r], [0, 0, 0]
         for p in request:
             mix[0 if p in held else 1 if p in redis else 2] += 1
-            held[p] = None
-            held.move_to_end(p)
-            if len(held) > memory:
-                held.popitem(last=False)
+            if p in held:
+                held.move_to_end(p)
+            else:
+                held[p], held_size[r] = 1.0, held_size[r] + 1.0
             redis.add(p)
+        if memory.prompt:  # its key, -1 - i, is no passage's
+            held[-1 - i], held_size[r] = memory.prompt, held_size[r] + memory.prompt
+        while held_size[r] > memory.size:
+            held_size[r] -= held.popitem(last=False)[1]
         if i >= warmup:
             tiers = [a + b for a, b in zip(tiers, mix)]
             ttft.append(costs[(mix[0], mix[1], mix[2])])
@@ -221,7 +236,7 @@ def simulate(
 
 
 def compare(
-    w: Workload, replicas: Sequence[int], memory: int, costs: Costs, concurrency: int = 4
+    w: Workload, replicas: Sequence[int], memory: Memory, costs: Costs, concurrency: int = 4
 ) -> list[dict[str, Any]]:
     """Every router at every replica count on one request stream, and a reference: one
     replica with all the replicas' memory (what perfect partitioning could reach)."""
@@ -231,7 +246,8 @@ def compare(
         for name, make in routers(w.topic_size).items():
             row = simulate(stream, make(count, concurrency), memory, costs, w)
             rows.append({"redis": redis, "zipf": w.zipf, "replicas": count, "router": name, **row})
-        pooled = simulate(stream, RoundRobin(1, concurrency), count * memory, costs, w)
+        one = Memory(count * memory.size, memory.prompt)
+        pooled = simulate(stream, RoundRobin(1, concurrency), one, costs, w)
         rows.append({"redis": redis, "zipf": w.zipf, "replicas": count} | pooled)
         rows[-1]["router"] = "pooled memory (reference)"
     return rows
