@@ -196,9 +196,11 @@ def costs(runs: list[dict[str, Any]], k: int) -> dict[str, Any]:
     tiers = {t: [r for r in runs if r["tier"] == t and r["same_prompt"]] for t in TIERS}
     sent = statistics.median(r["redis_sent_bytes"] for r in tiers["redis"])
     # what a request whose passages were all in memory left there: its prompt's KV
-    prompt = [r.get("memory_tier_growth_bytes") for r in tiers["memory"]]
+    prompt = [
+        r["memory_tier_growth_bytes"] for r in tiers["memory"] if "memory_tier_growth_bytes" in r
+    ]
     return {
-        "prompt_kv_bytes": None if None in prompt else statistics.median(prompt),
+        "prompt_kv_bytes": statistics.median(prompt) if prompt else None,  # older records: none
         "calls": spreads,
         "costs": {
             f"{m},{r},{k - m - r}": cost[k - m - r] + r * read

@@ -14,11 +14,13 @@ this machine, then routers simulated with them.
    memory and the bytes Redis sent per passage read (``total_net_output_bytes``). The
    timed part holds ``--lock`` (waiting while another benchmark holds it).
 2. Simulated (``affinity_sim.py``): 2, 4 and 8 replicas, each with a memory tier of
-   ``KVBoostConfig().max_cache_bytes`` / a passage's KV bytes passages (an upper bound: the
-   tier also holds prompts' exact prefixes), Zipf s 0.6 / 1.0 / 1.2, the routers of
-   ``affinity_sim.routers``; each request's TTFT estimate is the measured cost of its mix
-   (service time: queueing on a busier replica is not in it; the load imbalance is shown
-   beside it). ``--costs`` simulates again from a record's measured costs, with no model.
+   ``KVBoostConfig().max_cache_bytes`` that also keeps each request's prompt (measured:
+   what an all-memory call left in the tier), Zipf s 0.6 / 1.0 / 1.2 with Redis warmed
+   and s 1.0 with Redis empty at first, the routers of ``affinity_sim.routers``; each
+   request's TTFT estimate is the measured cost of its mix (service time: queueing on a
+   busier replica is not in it; the load imbalance is shown beside it), and again with
+   each Redis read's bytes at ``--link-gbit``. ``--costs`` simulates again from a
+   record's measured calls, with no model.
 
 Prints the tables; writes the JSON, ``.txt`` and (with matplotlib) ``.png`` beside it.
 """
@@ -41,22 +43,24 @@ from kvboost_rag import KVBoostConfig  # noqa: E402
 from kvboost_rag.bench.common.transcript import note  # noqa: E402
 
 # what --costs takes from a record
-MEASURED = ("machine", "redis", "calls", "costs", "redis_bytes_per_passage", "as_intended")
-MEASURED += ("passage_kv_bytes", "prompt_kv_bytes", "load_average")
-MEASURED += ("runs", "date", "model", "rounds", "k", "measured_by")
+MEASURED = {"machine", "redis", "calls", "costs", "redis_bytes_per_passage", "as_intended"}
+MEASURED |= {"passage_kv_bytes", "prompt_kv_bytes", "load_average"}
+MEASURED |= {"runs", "date", "model", "rounds", "k", "measured_by"}
 
 
 def simulate(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """The routers on the measured costs; also each row's mean TTFT were Redis a
     ``--link-gbit`` network away (its reads' bytes at that rate, added)."""
-    table = {tuple(map(int, k.split(","))): v for k, v in record["costs"].items()}
+    table: sim.Costs = {}
+    for mix, cost in record["costs"].items():
+        m, r, e = map(int, mix.split(","))
+        table[(m, r, e)] = cost
     link_ms = record["redis_bytes_per_passage"] * 8 / (args.link_gbit * 1e9) * 1e3
-    rows = []
+    memory, rows = sim.Memory(record["memory_passages"], record["prompt_passages"]), []
     for warmed, zipfs in ((True, args.zipf), (False, args.cold_zipf)):
         for s in zipfs:
             note(f"simulating zipf s={s}, Redis {'warmed' if warmed else 'empty'}")
             w = sim.Workload(args.corpus, k=args.k, zipf=s, requests=args.requests, warmed=warmed)
-            memory = sim.Memory(record["memory_passages"], record["prompt_passages"])
             rows += sim.compare(w, args.replicas, memory, table)
     for row in rows:
         row["redis_reads_per_request"] = row["redis_share"] * args.k
@@ -89,10 +93,10 @@ FORMATS["redis_reads_per_request"] = ".2f"
 
 
 def router_lines(rows: list[dict[str, Any]], link: str) -> list[str]:
-    keys = ("memory_share", "redis_share", "encode_share", "ttft_mean_ms", "ttft_p50_ms")
-    keys += ("ttft_p99_ms", "imbalance", "redis_reads_per_request", "ttft_mean_over_link_ms")
-    heads = ("memory", "redis", "encode", "TTFT mean", "p50", "p99", "max/mean", "reads/req")
-    heads += (f"mean {link}",)
+    keys = ["memory_share", "redis_share", "encode_share", "ttft_mean_ms", "ttft_p50_ms"]
+    keys += ["ttft_p99_ms", "imbalance", "redis_reads_per_request", "ttft_mean_over_link_ms"]
+    heads = ["memory", "redis", "encode", "TTFT mean", "p50", "p99", "max/mean", "reads/req"]
+    heads += [f"mean {link}"]
     lines = [f"{'Redis':6} {'s':>3} {'R':>2} {'router':31} " + " ".join(f"{h:>9}" for h in heads)]
     for row in rows:
         cells = [f"{row[k]:9{FORMATS.get(k, '.0f')}}" for k in keys]
@@ -105,8 +109,10 @@ def router_lines(rows: list[dict[str, Any]], link: str) -> list[str]:
 
 def text(record: dict[str, Any]) -> str:
     m = record["machine"]
+    w = record["workload"]
     head = [
-        f"{record['command']}",
+        f"measured: {record['measured_by']}",
+        f"simulated: {record['command']}",
         f"{record['date']}, {m['cpu']} ({m['cpu_count']} cores, {m['threads']} threads), "
         f"{record['model']} {m['dtype']}, redis {record['redis']['version']}, load average "
         + " -> ".join(f"{a[0]:.1f}" for a in record["load_average"].values()),
@@ -124,8 +130,9 @@ def text(record: dict[str, Any]) -> str:
         "TTFT(m in memory, r from Redis, e encoded) = the cost of e encoded with the rest in "
         "memory + r x a Redis read's",
         "",
-        f"simulated: {record['requests']} requests over {record['corpus']} passages, Redis "
-        "warmed with all of them or empty at first (TTFT estimate: the cost of each "
+        f"simulated: {record['requests']} requests over {record['corpus']} passages in topics "
+        f"of {w['topic_size']}, {w['topical']:.0%} of a request's passages from its topic, "
+        "Redis warmed with all of them or empty at first (TTFT estimate: the cost of each "
         "request's mix, no queueing; the last column adds each Redis read's bytes at "
         f"{record['link_gbit']:g} Gb/s, Redis on another machine):",
         *router_lines(record["rows"], f"{record['link_gbit']:g}Gb/s"),
@@ -196,11 +203,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         measured = measure(args) | {"date": datetime.date.today().isoformat()}
         measured |= {"model": args.model, "rounds": args.rounds, "k": args.k}
-        measured["measured_by"] = " ".join(["scripts/affinity_routing.py", *sys.argv[1:]])
+        measured["measured_by"] = " ".join([".venv/bin/python", *sys.argv])
     args.k = measured["k"]
     budget = KVBoostConfig().max_cache_bytes
     record = measured | {
-        "command": " ".join([".venv/bin/python scripts/affinity_routing.py", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python", *sys.argv]),
         "memory_budget_bytes": budget,
         "memory_passages": args.memory_passages or budget / measured["passage_kv_bytes"],
         # what each request's prompt leaves in the memory tier (cache_generated), in passages
