@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 
 from kvboost_rag.core.generation.sampling import MAX_SEED
 
@@ -26,6 +35,29 @@ __all__ = [
 
 Real = Annotated[float, Strict()]  # strict floats still take ints, as JSON has no 1.0 apart
 Int = Annotated[int, Strict()]
+
+# How deep a JSON schema (tool parameters, response_format) may nest, in JSON levels.
+# OpenAI's structured outputs take 10 levels of objects (~25 JSON levels); the engine walks
+# a schema recursively, and one nested ~400 levels exhausts Python's recursion limit.
+MAX_SCHEMA_DEPTH = 64
+
+
+def _shallow(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, refused when its lists and objects nest deeper than MAX_SCHEMA_DEPTH
+    (walked iteratively: a deep one is what cannot be recursed into)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"nests deeper than {MAX_SCHEMA_DEPTH} levels of JSON")
+            stack.extend((child, depth + 1) for child in value)
+    return schema
+
+
+Schema = Annotated[dict[str, Any], AfterValidator(_shallow)]
 
 # Set to anything but these harmless values, these fields are refused: the engine cannot do
 # what they ask, and answering without it would look like success.
@@ -104,7 +136,7 @@ class ChatMessage(_Part):
 class FunctionSpec(_Part):
     name: Annotated[str, Field(strict=True, pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Schema | None = None
     strict: StrictBool | None = None
 
 
@@ -125,7 +157,7 @@ class NamedToolChoice(_Part):
 class JsonSchemaSpec(_Part):
     name: StrictStr = "response"
     # "schema" would shadow a BaseModel attribute; the alias keeps OpenAI's name on the wire.
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: Schema = Field(alias="schema")
     description: StrictStr | None = None
     strict: StrictBool | None = None
 
@@ -205,7 +237,7 @@ class WarmRequest(_Part):
     # marker where the passages go (``engine.warm_passages(prefix=)``).
     prefix: StrictStr | Annotated[list[PrefixMessage], Field(min_length=1)] | None = None
     system: StrictStr | None = None  # the layout of ``kvboost-rag warm --system``
-    batch_size: Annotated[int, Field(ge=1)] | None = None
+    batch_size: Annotated[Int, Field(ge=1)] | None = None
     stream: StrictBool = False  # progress as newline-delimited JSON
 
     @model_validator(mode="after")
