@@ -145,7 +145,7 @@ class Runner:
             generation = await open_generation(openers())
         except Exception as error:
             self.admission.leave()
-            raise engine_error(error) from None
+            raise engine_error(error, "messages" if reply.kind == "chat" else "prompt") from None
         deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_s
         if body.stream:
             lines = events(reply, generation, deadline, self.settings.request_timeout_s)

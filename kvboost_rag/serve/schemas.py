@@ -9,6 +9,7 @@ when set, rather than silently dropped. Wrong types and values are refused (the 
 
 from __future__ import annotations
 
+import reprlib
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,8 +20,11 @@ from pydantic import (
     Strict,
     StrictBool,
     StrictStr,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from kvboost_rag.core.generation.sampling import MAX_SEED
 
@@ -86,7 +90,12 @@ class _Body(BaseModel):
         for name, value in (self.model_extra or {}).items():
             harmless = UNSUPPORTED.get(name)
             if harmless is not None and not any(value == h for h in harmless):
-                raise ValueError(f"{name}={value!r} is not supported by this server")
+                # ctx's param names the field: a model's own error has no location.
+                raise PydanticCustomError(
+                    "unsupported",
+                    "{param}={value} is not supported by this server",
+                    {"param": name, "value": reprlib.repr(value)},
+                )
         return self
 
 
@@ -210,6 +219,25 @@ class ChatRequest(_Sampling):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _offered(cls, choice: Any, info: ValidationInfo) -> Any:
+        """A call asked for is of a tool offered (``tools`` is validated before; a
+        ``tools`` refused itself is what the client is told about)."""
+        if choice in (None, "auto", "none") or "tools" not in info.data:
+            return choice
+        names = [tool.function.name for tool in info.data["tools"] or []]
+        named = isinstance(choice, NamedToolChoice)
+        if named:
+            wanted = f"asks for the tool {choice.function.name!r}"
+        else:
+            wanted = f"{choice!r} asks for a tool call"
+        if not names:
+            raise ValueError(f"{wanted}, and the request offers no tools")
+        if named and choice.function.name not in names:
+            raise ValueError(f"{wanted}, which is not among the tools offered, {names}")
+        return choice
 
 
 class CompletionRequest(_Sampling):
