@@ -245,7 +245,10 @@ def strict_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     strict = {key: strict_schema(value) for key, value in schema.items()}
-    if "properties" in schema:  # the property names themselves are not schemas
-        strict["properties"] = {k: strict_schema(v) for k, v in schema["properties"].items()}
+    properties = schema.get("properties")
+    # The property names themselves are not schemas. Properties that are not an object are
+    # left for llguidance to refuse, with its message.
+    if isinstance(properties, dict):
+        strict["properties"] = {k: strict_schema(v) for k, v in properties.items()}
         strict.setdefault("additionalProperties", False)
     return strict

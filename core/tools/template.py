@@ -113,7 +113,7 @@ def as_call(call: Any) -> ToolCall:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
             raise ValueError(f"a tool call's arguments are not JSON, got {call!r}") from None
     if not isinstance(args, dict):
         raise ValueError(f"a tool call needs a str name and dict arguments, got {call!r}")

@@ -25,7 +25,7 @@ from kvboost_rag.serve.responses import Reply, answer, events, timeout_error
 from kvboost_rag.serve.schemas import ChatRequest, CompletionRequest, WarmRequest, _Sampling
 from kvboost_rag.serve.settings import ServeSettings
 from kvboost_rag.serve.translate import chat_openers, completion_openers
-from kvboost_rag.serve.warming import NDJSON, progress_lines, warm, warm_body
+from kvboost_rag.serve.warming import NDJSON, progress_lines, started, warm, warm_body
 
 __all__ = ["create_app"]
 
@@ -84,7 +84,12 @@ def create_app(engine: KVBoost, settings: ServeSettings) -> FastAPI:
     async def warm_documents(body: WarmRequest) -> Response:
         admission.enter()
         if body.stream:
-            return ClosingStream(progress_lines(engine, body), admission.leave, NDJSON)
+            try:
+                lines = await started(progress_lines(engine, body))
+            except Exception as error:
+                admission.leave()
+                raise engine_error(error) from None
+            return ClosingStream(lines, admission.leave, NDJSON)
         try:
             return JSONResponse(warm_body(await warm(engine, body)))
         except Exception as error:
@@ -140,7 +145,7 @@ class Runner:
             generation = await open_generation(openers())
         except Exception as error:
             self.admission.leave()
-            raise engine_error(error) from None
+            raise engine_error(error, "messages" if reply.kind == "chat" else "prompt") from None
         deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_s
         if body.stream:
             lines = events(reply, generation, deadline, self.settings.request_timeout_s)

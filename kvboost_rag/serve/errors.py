@@ -71,10 +71,11 @@ def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
-def engine_error(error: BaseException) -> APIError:
-    """An exception from an engine call, as what the client is told."""
+def engine_error(error: BaseException, prompt: str | None = None) -> APIError:
+    """An exception from an engine call, as what the client is told; ``prompt`` names the
+    field a prompt over the context window came from (``messages``, ``prompt``)."""
     if isinstance(error, ContextWindowError):
-        return APIError(400, str(error), code="context_length_exceeded", param="messages")
+        return APIError(400, str(error), code="context_length_exceeded", param=prompt)
     if isinstance(error, (ValueError, TypeError)):
         return APIError(400, str(error), code="invalid_value")
     log.error("request failed", exc_info=error)
@@ -91,10 +92,12 @@ def add_handlers(app: FastAPI) -> None:
 
     async def invalid(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        return error_response(validation_error(error.errors()))
+        return error_response(validation_error(error.errors(), error.body))
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
+        if error.status_code == 400 and error.__cause__ is not None:  # FastAPI read no JSON
+            return error_response(unreadable(error.__cause__))
         code = "not_found" if error.status_code == 404 else None
         message = f"{request.method} {request.url.path}: {error.detail}"
         return error_response(APIError(error.status_code, message, code=code))
@@ -108,15 +111,62 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected)
 
 
-def validation_error(errors: Sequence[Any]) -> APIError:
-    """Pydantic's first complaint as one line naming the field (``messages.0.role``)."""
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request body"}
-    where = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(where) or None
+def unreadable(cause: BaseException) -> APIError:
+    """A body FastAPI's JSON parser failed on with something other than a syntax error."""
+    if isinstance(cause, RecursionError):
+        said = "it nests too deeply to be read"
+    elif isinstance(cause, UnicodeDecodeError):
+        said = f"it is not UTF-8 ({cause.reason} at byte {cause.start})"
+    else:  # a number of more than 4,300 digits, for one
+        said = str(cause).split(";")[0]
+    return APIError(400, f"the body is not valid JSON: {said}", code="json_invalid")
+
+
+def validation_error(errors: Sequence[Any], body: Any = None) -> APIError:
+    """Pydantic's most telling complaint as one line naming the field, in OpenAI's
+    ``param`` form (``messages.0.role``)."""
+    if not errors:
+        return APIError(400, "invalid request body", code="invalid_value")
+    first = max(errors, key=_telling)
     if first.get("type") == "json_invalid":
-        return APIError(400, f"the body is not valid JSON: {first.get('msg')}", code="json_invalid")
+        where = f" at character {first['loc'][-1]}" if len(first.get("loc", ())) > 1 else ""
+        said = (first.get("ctx") or {}).get("error", first.get("msg"))
+        return APIError(400, f"the body is not valid JSON: {said}{where}", code="json_invalid")
+    param = _param(first, body) or (first.get("ctx") or {}).get("param")
+    if param is None and first.get("type") in ("missing", "model_attributes_type"):
+        return APIError(400, _not_an_object(body), code="invalid_value")
     # A validator's own ValueError reads "Value error, <its message>".
     said = str(first.get("msg")).removeprefix("Value error, ")
-    message = f"{param}: {said}" if param else said
+    message = f"{param}: {said}" if param and not said.startswith(f"{param}=") else said
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return APIError(400, message + more, code="invalid_value", param=param)
+
+
+def _telling(error: Any) -> tuple[int, bool]:
+    """Of the complaints about a union's members, the member that got furthest into the
+    value says what is wrong with it (``stop``'s list is too long, not "not a string")."""
+    return len(error.get("loc", ())), not str(error.get("type")).endswith("_type")
+
+
+def _param(error: Any, body: Any) -> str | None:
+    """The error's location in the body, without the names pydantic gives a union's
+    members (``stop.str``, ``tool_choice.NamedToolChoice``): those are no keys of it."""
+    where, value = [], body
+    loc = [part for part in error.get("loc", ()) if part != "body"]
+    for index, part in enumerate(loc):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]
+        elif not (error.get("type") == "missing" and index == len(loc) - 1):
+            continue
+        where.append(str(part))
+    return ".".join(where) or None
+
+
+def _not_an_object(body: Any) -> str:
+    if body is None:
+        return "the body must be a JSON object; it is empty or null"
+    if isinstance(body, bytes):
+        return "the body must be a JSON object sent as Content-Type: application/json"
+    return f"the body must be a JSON object, not {type(body).__name__}"

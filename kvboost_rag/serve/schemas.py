@@ -9,9 +9,22 @@ when set, rather than silently dropped. Wrong types and values are refused (the 
 
 from __future__ import annotations
 
+import reprlib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from kvboost_rag.core.generation.sampling import MAX_SEED
 
@@ -26,6 +39,29 @@ __all__ = [
 
 Real = Annotated[float, Strict()]  # strict floats still take ints, as JSON has no 1.0 apart
 Int = Annotated[int, Strict()]
+
+# How deep a JSON schema (tool parameters, response_format) may nest, in JSON levels.
+# OpenAI's structured outputs take 10 levels of objects (~25 JSON levels); the engine walks
+# a schema recursively, and one nested ~400 levels exhausts Python's recursion limit.
+MAX_SCHEMA_DEPTH = 64
+
+
+def _shallow(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, refused when its lists and objects nest deeper than MAX_SCHEMA_DEPTH
+    (walked iteratively: a deep one is what cannot be recursed into)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"nests deeper than {MAX_SCHEMA_DEPTH} levels of JSON")
+            stack.extend((child, depth + 1) for child in value)
+    return schema
+
+
+Schema = Annotated[dict[str, Any], AfterValidator(_shallow)]
 
 # Set to anything but these harmless values, these fields are refused: the engine cannot do
 # what they ask, and answering without it would look like success.
@@ -54,7 +90,12 @@ class _Body(BaseModel):
         for name, value in (self.model_extra or {}).items():
             harmless = UNSUPPORTED.get(name)
             if harmless is not None and not any(value == h for h in harmless):
-                raise ValueError(f"{name}={value!r} is not supported by this server")
+                # ctx's param names the field: a model's own error has no location.
+                raise PydanticCustomError(
+                    "unsupported",
+                    "{param}={value} is not supported by this server",
+                    {"param": name, "value": reprlib.repr(value)},
+                )
         return self
 
 
@@ -104,7 +145,7 @@ class ChatMessage(_Part):
 class FunctionSpec(_Part):
     name: Annotated[str, Field(strict=True, pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Schema | None = None
     strict: StrictBool | None = None
 
 
@@ -125,7 +166,7 @@ class NamedToolChoice(_Part):
 class JsonSchemaSpec(_Part):
     name: StrictStr = "response"
     # "schema" would shadow a BaseModel attribute; the alias keeps OpenAI's name on the wire.
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: Schema = Field(alias="schema")
     description: StrictStr | None = None
     strict: StrictBool | None = None
 
@@ -179,6 +220,25 @@ class ChatRequest(_Sampling):
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _offered(cls, choice: Any, info: ValidationInfo) -> Any:
+        """A call asked for is of a tool offered (``tools`` is validated before; a
+        ``tools`` refused itself is what the client is told about)."""
+        if choice in (None, "auto", "none") or "tools" not in info.data:
+            return choice
+        names = [tool.function.name for tool in info.data["tools"] or []]
+        named = isinstance(choice, NamedToolChoice)
+        if named:
+            wanted = f"asks for the tool {choice.function.name!r}"
+        else:
+            wanted = f"{choice!r} asks for a tool call"
+        if not names:
+            raise ValueError(f"{wanted}, and the request offers no tools")
+        if named and choice.function.name not in names:
+            raise ValueError(f"{wanted}, which is not among the tools offered, {names}")
+        return choice
+
 
 class CompletionRequest(_Sampling):
     # A string or a list of strings (one answer set each); token-id prompts are refused.
@@ -205,7 +265,7 @@ class WarmRequest(_Part):
     # marker where the passages go (``engine.warm_passages(prefix=)``).
     prefix: StrictStr | Annotated[list[PrefixMessage], Field(min_length=1)] | None = None
     system: StrictStr | None = None  # the layout of ``kvboost-rag warm --system``
-    batch_size: Annotated[int, Field(ge=1)] | None = None
+    batch_size: Annotated[Int, Field(ge=1)] | None = None
     stream: StrictBool = False  # progress as newline-delimited JSON
 
     @model_validator(mode="after")

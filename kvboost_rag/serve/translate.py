@@ -85,8 +85,6 @@ def _form(body: ChatRequest) -> dict[str, Any]:
         form["tool_choice"] = choice if isinstance(choice, str) else choice.function.name
         # One call per answer unless asked: the engine's default (OpenAI's is several).
         form["parallel_tool_calls"] = bool(body.parallel_tool_calls)
-    elif body.tool_choice not in (None, "auto", "none"):
-        form["tool_choice"] = "required"  # the engine refuses it without tools: a 400
     fmt = body.response_format
     if fmt is not None and fmt.type == "json_object":
         form["response_format"] = {"type": "json_object"}

@@ -4,7 +4,9 @@ The warm runs in a worker thread (it encodes on the model, which blocks), so the
 keeps answering. It is idempotent: documents already cached are counted ``cached``, not
 encoded again. Streamed (``"stream": true``), the answer is newline-delimited JSON: a
 ``kvboost.warm.progress`` line as each batch of passages is encoded, then the
-``kvboost.warm`` summary (or an ``{"error": ...}`` line: the status was sent already).
+``kvboost.warm`` summary (or an ``{"error": ...}`` line: the status was sent already). A
+warm refused before its first line (a bad prefix, a document over the context window) is
+answered with its status, as unstreamed: the response starts with that first line.
 
 A client that leaves does not stop a warm: what it encoded is cached for the next one.
 """
@@ -23,7 +25,7 @@ from kvboost_rag.serve.errors import engine_error, error_body
 from kvboost_rag.serve.schemas import WarmRequest
 from kvboost_rag.warm import EnginePrefix, chat_prefix
 
-__all__ = ["NDJSON", "progress_lines", "warm", "warm_body"]
+__all__ = ["NDJSON", "progress_lines", "started", "warm", "warm_body"]
 
 NDJSON = "application/x-ndjson"
 Progress = Callable[[int], None]
@@ -69,9 +71,21 @@ def warm_body(result: WarmResult) -> dict[str, Any]:
     }
 
 
+async def started(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``lines`` once the first is ready; what it raised before that is raised here."""
+    first = await anext(lines)
+
+    async def again() -> AsyncIterator[str]:
+        yield first
+        async for line in lines:
+            yield line
+
+    return again()
+
+
 async def progress_lines(engine: KVBoost, body: WarmRequest) -> AsyncIterator[str]:
     """The streamed answer's lines: progress as the warm's thread reports it, then the
-    summary or the error."""
+    summary or the error; an error before the first line is raised."""
     loop = asyncio.get_running_loop()
     counts: asyncio.Queue[int] = asyncio.Queue()
 
@@ -79,7 +93,7 @@ async def progress_lines(engine: KVBoost, body: WarmRequest) -> AsyncIterator[st
         loop.call_soon_threadsafe(counts.put_nowait, encoded)
 
     task = asyncio.ensure_future(warm(engine, body, report))
-    done = 0
+    done, lines = 0, 0
     while not task.done() or not counts.empty():
         getter = asyncio.ensure_future(counts.get())
         await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -87,8 +101,11 @@ async def progress_lines(engine: KVBoost, body: WarmRequest) -> AsyncIterator[st
             getter.cancel()
             continue
         done += getter.result()
+        lines += 1
         yield _line({"object": "kvboost.warm.progress", "encoded": done})
     error = task.exception()
+    if error is not None and not lines:
+        raise error
     if error is not None:
         refusal = engine_error(error)
         yield _line(error_body(refusal.status, refusal.message, refusal.code, refusal.param))

@@ -212,6 +212,12 @@ def _serve_default(name: str, scale: float = 1) -> Callable[[], tuple[str]]:
     return lambda: (f"{getattr(ServeSettings(), name) / scale:g}",)
 
 
+def _schema_depth() -> tuple[str]:
+    from kvboost_rag.serve.schemas import MAX_SCHEMA_DEPTH
+
+    return (str(MAX_SCHEMA_DEPTH),)
+
+
 # (page, a default the page states, as a pattern whose groups are its numbers, the code's)
 DEFAULTS: list[tuple[str, str, Callable[[], tuple[str, ...]]]] = [
     ("docs/guides/storage.md", r"back-off \(([\d.]+) s doubling to ([\d.]+) s\)", _backoff),
@@ -243,6 +249,7 @@ DEFAULTS: list[tuple[str, str, Callable[[], tuple[str, ...]]]] = [
         r"finish first \(up to (\d+) s,",
         _serve_default("shutdown_timeout_s"),
     ),
+    ("docs/guides/server.md", r"may nest up to (\d+) levels of JSON", _schema_depth),
     (
         "docs/guides/fidelity.md",
         r"short passages \(fewer than (\d+) tokens on average\)",

@@ -213,6 +213,9 @@ def test_as_call_reads_the_common_shapes() -> None:
     assert as_call({"function": {"name": "add", "arguments": '{"a": 1}'}}).arguments == {"a": 1}
     with pytest.raises(ValueError, match="str name and dict arguments"):
         as_call({"function": {"name": 3}})
+    # Nested past the JSON parser's recursion limit: a RecursionError was raised (a 500).
+    with pytest.raises(ValueError, match="arguments are not JSON"):
+        as_call({"function": {"name": "add", "arguments": "[" * 5000}})
 
 
 @pytest.mark.parametrize(
@@ -267,6 +270,11 @@ def test_json_schema_and_strictness() -> None:
     assert strict["properties"]["p"]["additionalProperties"] is False
     kept = strict_schema({"type": "object", "properties": {}, "additionalProperties": True})
     assert kept["additionalProperties"] is True
+    # Properties that are not an object were walked as one (AttributeError, a 500 from the
+    # server); they are left as they are, for llguidance to refuse with its message
+    # (tests/serve/test_fuzz.py's FOUND).
+    for properties in (5, [], "x"):
+        assert strict_schema({"properties": properties}) == {"properties": properties}
 
 
 def test_nested_models_keep_their_references_resolvable() -> None:
