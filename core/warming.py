@@ -150,9 +150,10 @@ class Warmer:
         if not dropped:
             return
         budgets = f"max_cache_bytes={self.config.max_cache_bytes}"
-        if self._caches.store.disk is not None:
+        disk = self._caches.store.tier("disk") is not None
+        if disk:
             budgets += f", max_disk_bytes={self.config.max_disk_bytes}"
-        more = "raise them" if self._caches.store.disk else "raise it or set cache_dir"
+        more = "raise them" if disk else "raise it or set cache_dir"
         warn(
             f"kvboost-rag: {dropped} of the {units} {what} this warm made are not cached when "
             f"it returns: their {nbytes} bytes of KV are more than the tiers hold ({budgets}), "

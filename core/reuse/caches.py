@@ -43,7 +43,7 @@ from kvboost_rag.core.reuse.policy import ReusePolicy, prefix_cost
 from kvboost_rag.core.reuse.prefix import PrefixCache, common_prefix
 from kvboost_rag.core.reuse.session import SessionCache
 from kvboost_rag.core.reuse.shared import SentenceEnds
-from kvboost_rag.core.store.catalogue import Catalogue, Catalogues, SharedCatalogue
+from kvboost_rag.core.store.catalogue import Catalogues
 from kvboost_rag.core.store.tiers import TieredStore
 from kvboost_rag.core.store.writer import Writer
 
@@ -295,11 +295,7 @@ def _close_at_exit(ref: weakref.ref[Caches]) -> None:
 
 
 def _catalogues(store: TieredStore) -> Catalogues | None:
-    found: list[Catalogue | SharedCatalogue] = []
-    if store.disk is not None:
-        found.append(Catalogue(store.disk.dir))
-    if store.remote is not None:
-        found.append(SharedCatalogue(store.remote))
+    found = store.catalogues()
     return Catalogues(found) if found else None
 
 

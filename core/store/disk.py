@@ -33,11 +33,13 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.store import codec
+from kvboost_rag.core.store.catalogue import Catalogue
 from kvboost_rag.core.store.folder_index import FolderIndex
 from kvboost_rag.core.store.memory import Entry
 from kvboost_rag.core.store.writer import Writer, halted
@@ -59,7 +61,14 @@ class DiskStats:
 
 class DiskStore:
     """Thread-safe within a process; safe across processes sharing ``root``. Raises
-    ``OSError`` when the model's folder under ``root`` cannot be made."""
+    ``OSError`` when the model's folder under ``root`` cannot be made. A ``Tier``: entries
+    are written when warmed (``persist``), promoted from the shared tier or evicted from
+    memory."""
+
+    name = "disk"
+    shared = False
+    batched = False
+    write_through = False
 
     def __init__(
         self,
@@ -105,15 +114,35 @@ class DiskStore:
             self._index.used(path, found[1])
         return self._count(found[0])
 
+    def get_many(self, items: Sequence[tuple[bytes, tuple[int, ...] | None]]) -> list[Entry | None]:
+        return [self.get(key, tokens) for key, tokens in items]
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        return [key in self for key in keys]
+
+    def catalogue(self) -> Catalogue:
+        return Catalogue(self.dir)
+
     def put_later(
         self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
     ) -> None:
         """Queue a write for the background writer (warming overlaps compute and I/O);
-        ``flush()`` waits for queued writes."""
+        ``flush()`` waits for queued writes. A key already on disk (or queued) is skipped."""
         with self._lock:
+            if key in self._pending:
+                return
             self._pending.add(key)
+        if os.path.exists(self.path(key)):
+            with self._lock:
+                self._pending.discard(key)
+            return
         if not self._writer.submit((key, tokens, kv, approximate)):  # closed: write now
             self._write((key, tokens, kv, approximate))
+
+    def spill(self, key: bytes, entry: Entry) -> None:
+        """A memory eviction, written now unless the file is there already."""
+        if key not in self:  # a failed write must not fail the request evicting it
+            self.put_or_report(key, entry.tokens, entry.kv, entry.approximate)
 
     def put_or_report(
         self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvboost_rag.core.model.kv import LayerKV, kv_nbytes
@@ -32,7 +32,13 @@ class StoreStats:
 
 
 class MemoryStore:
-    """LRU map from key to ``Entry``. Thread-safe: every method takes the store's lock."""
+    """LRU map from key to ``Entry``. Thread-safe: every method takes the store's lock.
+    The first of ``TieredStore``'s tiers (its ``Tier`` protocol: writes are made at once)."""
+
+    name = "memory"
+    shared = False
+    batched = False
+    write_through = True
 
     def __init__(
         self, max_bytes: int, on_evict: Callable[[bytes, Entry], None] | None = None
@@ -59,9 +65,16 @@ class MemoryStore:
             self._hits += 1
             return entry
 
+    def get_many(self, items: Sequence[tuple[bytes, tuple[int, ...] | None]]) -> list[Entry | None]:
+        return [self.get(key, tokens) for key, tokens in items]
+
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             return key in self._entries
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._lock:
+            return [key in self._entries for key in keys]
 
     def put(
         self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
@@ -83,6 +96,21 @@ class MemoryStore:
                 if self._on_evict is not None:
                     self._on_evict(old_key, evicted)
             return True
+
+    def put_later(
+        self, key: bytes, tokens: tuple[int, ...], kv: LayerKV, approximate: bool = False
+    ) -> None:
+        self.put(key, tokens, kv, approximate)
+
+    def spill(self, key: bytes, entry: Entry) -> None:
+        """Nothing: the memory tier is the one that evicts."""
+
+    def flush(self) -> None:
+        """Nothing: every write was made when it was asked for."""
+
+    def catalogue(self) -> None:
+        """None: what memory holds is indexed as it is stored."""
+        return None
 
     def clear(self) -> None:
         with self._lock:

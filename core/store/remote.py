@@ -41,6 +41,7 @@ from kvboost_rag.core.caller_warnings import warn
 from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.remote_url import redact
 from kvboost_rag.core.store import codec
+from kvboost_rag.core.store.catalogue import SharedCatalogue
 from kvboost_rag.core.store.memory import Entry
 from kvboost_rag.core.store.redis_client import import_redis
 from kvboost_rag.core.store.remote_link import RemoteLink
@@ -70,7 +71,13 @@ class RemoteStats:
 
 
 class RemoteStore:
-    """Thread-safe; any number of processes and machines may share one server or cluster."""
+    """Thread-safe; any number of processes and machines may share one server or cluster.
+    The shared ``Tier``: every passage and exact prefix block is written through to it."""
+
+    name = "remote"
+    shared = True
+    batched = True
+    write_through = True
 
     def __init__(
         self,
@@ -103,7 +110,7 @@ class RemoteStore:
         )
         atexit.register(_close_at_exit, weakref.ref(self))
 
-    def name(self, key: bytes) -> bytes:
+    def value_name(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()
 
     def get(self, key: bytes, tokens: tuple[int, ...] | None) -> Entry | None:
@@ -115,7 +122,7 @@ class RemoteStore:
         keys = list(dict.fromkeys(key for key, _ in items))
         if not keys:
             return []
-        names = [self.name(key) for key in keys]
+        names = [self.value_name(key) for key in keys]
         answers = self._link.pipeline("get", names, bounded=True)
         damaged: list[bytes] = []
         entries = {key: self._decode(key, data, damaged) for key, data in zip(keys, answers)}
@@ -138,7 +145,7 @@ class RemoteStore:
         ask = list(dict.fromkeys(k for k, q in zip(keys, queued) if not q))
         if not ask:
             return queued
-        names = [self.name(key) for key in ask]
+        names = [self.value_name(key) for key in ask]
         answers = self._link.pipeline("exists", names, bounded=True)
         found = {key: bool(answer) for key, answer in zip(ask, answers)}
         return [q or found[key] for key, q in zip(keys, queued)]
@@ -152,6 +159,12 @@ class RemoteStore:
             self._pending.add(key)
         if not self._writer.submit((key, tokens, kv, approximate)):
             self._write([(key, tokens, kv, approximate)])
+
+    def spill(self, key: bytes, entry: Entry) -> None:
+        """Nothing: what the shared tier should hold was written through when stored."""
+
+    def catalogue(self) -> SharedCatalogue:
+        return SharedCatalogue(self)
 
     def append_later(self, record: bytes) -> None:
         """Queue a catalogue record (``catalogue.SharedCatalogue``): appended to the list
@@ -195,11 +208,11 @@ class RemoteStore:
             return codec.from_bytes(data, key, self.fingerprint, self._secret)
         except ValueError as error:
             warn(
-                f"kvboost-rag: dropping damaged shared cache value {self.name(key).decode()} "
+                f"kvboost-rag: dropping damaged shared cache value {self.value_name(key).decode()} "
                 f"({error}); its KV will be recomputed"
             )
             self._count("corrupt")
-            damaged.append(self.name(key))
+            damaged.append(self.value_name(key))
             return None
 
     def _write(self, items: list[_Write]) -> None:
@@ -211,7 +224,7 @@ class RemoteStore:
 
     def _send(self, items: list[_Write]) -> None:
         """Write the values not stored yet: one EXISTS pipeline, then SET pipelines."""
-        names = [self.name(item[0]) for item in items]
+        names = [self.value_name(item[0]) for item in items]
         present = self._link.pipeline("exists", names, write=True)
         absent = [(item, n) for item, n, there in zip(items, names, present) if there == 0]
         # Skipped: another writer was first, or the node is unavailable or refusing writes.

@@ -15,7 +15,7 @@ class BatchLog(TieredStore):
     """Records each batch the caches ask of the tiers."""
 
     def __init__(self) -> None:
-        super().__init__(10**9, None)
+        super().__init__(10**9)
         self.batches: list[tuple[str, int]] = []
 
     def get_many(

@@ -23,7 +23,7 @@ class CountingStore(TieredStore):
     """Records every key whose KV is read (a lookup that found it), and each batch asked."""
 
     def __init__(self, max_bytes: int, disk: DiskStore | None = None) -> None:
-        super().__init__(max_bytes, disk)
+        super().__init__(max_bytes, [disk] if disk else [])
         self.reads: list[bytes] = []
         self.batches: list[list[bytes]] = []
 
@@ -132,7 +132,7 @@ def test_evicted_tail_falls_back_to_the_next_best_child() -> None:
 
 def test_blocks_on_disk_from_an_earlier_process_are_found(tmp_path: Path) -> None:
     stream = list(range(1, 13))
-    earlier = TieredStore(block_bytes(), DiskStore(tmp_path, FINGERPRINT, 10**9))
+    earlier = TieredStore(block_bytes(), [DiskStore(tmp_path, FINGERPRINT, 10**9)])
     store_stream(PrefixCache(earlier, FINGERPRINT, BLOCK), stream)  # two blocks spill to disk
     store = CountingStore(10**9, DiskStore(tmp_path, FINGERPRINT, 10**9))  # a restart
     match = PrefixCache(store, FINGERPRINT, BLOCK).match(stream)

@@ -22,6 +22,7 @@ import pytest
 from conftest import make_model, make_tokenizer
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
+from kvboost_rag.core.store.disk import DiskStore
 from kvboost_rag.warm import chat_prefix
 
 HEAD = "System: answer from the notes.\n"
@@ -96,10 +97,12 @@ def sample(engine: KVBoost, root: Path, peaks: Peaks, stop: threading.Event) -> 
     two that were never there together (files being written are counted, temp files
     included: the tier reserves their room first)."""
     tiers = engine._store
+    tier = tiers.tier("disk")
+    assert isinstance(tier, DiskStore)
     while not stop.wait(0.003):
-        memory, disk = tiers.memory.stats(), tiers.disk.stats()  # type: ignore[union-attr]
+        memory, disk = tiers.memory.stats(), tier.stats()
         storage, entry = storage_bytes(engine)
-        with tiers.disk._lock:  # type: ignore[union-attr]
+        with tier._lock:
             on_disk, largest_file = folder_bytes(root)
         peaks.samples += 1
         peaks.memory_accounted = max(peaks.memory_accounted, memory.bytes)

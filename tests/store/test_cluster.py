@@ -65,8 +65,8 @@ def test_a_seven_passage_lookup_is_one_round_trip_per_cache_and_node(
     engine = make_engine(url)
     nodes = 1 if topology == "server" else 3
     for batch in (docs[:7], docs[7:]):  # the first also opens the connections
-        remote = engine._store.remote
-        assert remote is not None
+        remote = engine._store.tier("remote")
+        assert isinstance(remote, RemoteStore)
         before = remote.stats().round_trips
         lookup = engine._caches.look_up(engine._prompts.text(QUESTION, batch))
         trips = remote.stats().round_trips - before

@@ -105,7 +105,7 @@ def test_a_failed_spill_does_not_fail_the_request(tmp_path: Path, monkeypatch) -
     """Memory evictions were written to disk in the request's thread, and a full disk
     raised out of the request that evicted."""
     kv = [(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))]
-    store = TieredStore(500, DiskStore(tmp_path, b"model-a", 10**9))  # room for one entry
+    store = TieredStore(500, [DiskStore(tmp_path, b"model-a", 10**9)])  # room for one entry
     monkeypatch.setattr(disk, "_atomic_write", no_space)
     store.put(digest(b"a"), (1,) * 5, kv)
     with pytest.warns(UserWarning, match="could not write"):
