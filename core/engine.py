@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from typing_extensions import Unpack
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.generation.handle import ModelHandle
+from kvboost_rag.core.generation.options import ChatOptions, TextOptions, split_options
 from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
@@ -41,6 +43,9 @@ from kvboost_rag.core.store.tiers import open_tiers
 from kvboost_rag.core.tools.formats import Tool
 from kvboost_rag.core.tools.structure import ResponseFormat, Structure
 from kvboost_rag.core.warming import Warmer
+
+# What a request is opened with: the prompt, sampling options, structure and start time.
+Opened = tuple[TokenizedPrompt, SamplingOptions, Structure, float]
 
 
 class KVBoost:
@@ -149,35 +154,14 @@ class KVBoost:
 
     # -- requests ----------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt: str,
-        *,
-        passages: Sequence[str] | None = None,
-        response_format: ResponseFormat | None = None,
-        constrain: bool | None = None,
-        **options: Any,
-    ) -> GenerationResult:
+    def generate(self, prompt: str, **options: Unpack[TextOptions]) -> GenerationResult:
         """Complete ``prompt``. Passages may be marked inside it with ``passage(text)`` or
         given as ``passages=`` (placed before it). Options: max_new_tokens, temperature,
-        top_p, top_k, stop, seed; ``response_format`` / ``constrain`` as in ``chat``."""
-        start = time.perf_counter()
-        sampling, structure = self._options(options, (), "auto", False, response_format, constrain)
-        return self._path.open(
-            self._prompts.text(prompt, passages), sampling, structure, start
-        ).wait()
+        top_p, top_k, stop, seed, draft_tokens (``SamplingOptions``);
+        ``response_format`` / ``constrain`` as in ``chat``."""
+        return self._path.open(*self._text(prompt, options)).wait()
 
-    def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[Tool] | None = None,
-        tool_choice: str = "auto",
-        parallel_tool_calls: bool = False,
-        response_format: ResponseFormat | None = None,
-        constrain: bool | None = None,
-        **options: Any,
-    ) -> GenerationResult:
+    def chat(self, messages: Sequence[Message], **options: Unpack[ChatOptions]) -> GenerationResult:
         """Answer the last message of a conversation, using the tokenizer's chat template.
 
         ``tools`` (OpenAI-style dicts) are offered to the model; its calls come back in
@@ -187,47 +171,20 @@ class KVBoost:
         ``{"type": "json_schema", "json_schema": {"schema": ...}}``) asks for JSON. Both
         decode under a grammar unless ``constrain=False`` (default:
         ``config.constrained_decoding``). Messages may carry ``tool_calls`` (assistant)
-        and be ``{"role": "tool", "content", "tool_call_id"}`` results."""
-        start = time.perf_counter()
-        sampling, structure = self._options(
-            options, tools, tool_choice, parallel_tool_calls, response_format, constrain
-        )
-        prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
-        return self._path.open(prompt, sampling, structure, start).wait()
+        and be ``{"role": "tool", "content", "tool_call_id"}`` results. Sampling options
+        as in ``generate``."""
+        return self._path.open(*self._chat(messages, options)).wait()
 
-    def stream(
-        self,
-        prompt: str,
-        *,
-        passages: Sequence[str] | None = None,
-        response_format: ResponseFormat | None = None,
-        constrain: bool | None = None,
-        **options: Any,
-    ) -> GenerationStream:
+    def stream(self, prompt: str, **options: Unpack[TextOptions]) -> GenerationStream:
         """Like ``generate`` but yields text deltas; ``.result`` is set when it ends."""
-        start = time.perf_counter()
-        sampling, structure = self._options(options, (), "auto", False, response_format, constrain)
-        return self._streamed(self._prompts.text(prompt, passages), sampling, structure, start)
+        return self._streamed(*self._text(prompt, options))
 
     def stream_chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[Tool] | None = None,
-        tool_choice: str = "auto",
-        parallel_tool_calls: bool = False,
-        response_format: ResponseFormat | None = None,
-        constrain: bool | None = None,
-        **options: Any,
+        self, messages: Sequence[Message], **options: Unpack[ChatOptions]
     ) -> GenerationStream:
         """Like ``chat`` but yields content deltas (a tool call being written is held
         back); ``.result``, with the calls, is set when it ends."""
-        start = time.perf_counter()
-        sampling, structure = self._options(
-            options, tools, tool_choice, parallel_tool_calls, response_format, constrain
-        )
-        prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
-        return self._streamed(prompt, sampling, structure, start)
+        return self._streamed(*self._chat(messages, options))
 
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
@@ -336,22 +293,26 @@ class KVBoost:
 
     # -- the request path --------------------------------------------------------------
 
-    def _options(
-        self,
-        options: dict[str, Any],
-        tools: Sequence[Tool] | None,
-        tool_choice: str,
-        parallel_tool_calls: bool,
-        response_format: ResponseFormat | None,
-        constrain: bool | None,
-    ) -> tuple[SamplingOptions, Structure]:
-        _check_options(options)
-        sampling = SamplingOptions.build(**options)
+    def _text(self, prompt: str, options: TextOptions) -> Opened:
+        """A text request: its prompt, sampling options, structure and start time."""
+        start = time.perf_counter()
+        given, form = split_options(dict(options), TextOptions)
+        passages = form.pop("passages", None)
+        sampling, structure = self._checked(given, **form)
+        return self._prompts.text(prompt, passages), sampling, structure, start
+
+    def _chat(self, messages: Sequence[Message], options: ChatOptions) -> Opened:
+        """A chat request: its prompt, sampling options, structure and start time."""
+        start = time.perf_counter()
+        given, form = split_options(dict(options), ChatOptions)
+        sampling, structure = self._checked(given, **form)
+        prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
+        return prompt, sampling, structure, start
+
+    def _checked(self, given: dict[str, Any], **form: Any) -> tuple[SamplingOptions, Structure]:
+        sampling = SamplingOptions.build(**given)
         self._path.check_stops(sampling.stop)
-        structure = self.structure(
-            tools, tool_choice, parallel_tool_calls, response_format, constrain
-        )
-        return sampling, structure
+        return sampling, self.structure(**form)
 
     def _tokenized(
         self, prompt: str | Sequence[Message], passages: Sequence[str] | None
@@ -380,22 +341,6 @@ class KVBoost:
         request.wait()
         assert request.logits is not None
         return request.logits
-
-
-SAMPLING_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingOptions))
-# What the framework adapters call an option, and the engine's name for it.
-ADAPTER_NAMES = {"max_tokens": "max_new_tokens"}
-
-
-def _check_options(options: dict[str, Any]) -> None:
-    """A request's keyword options are sampling options, named as the engine names them."""
-    unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
-    if unknown:
-        hints = [f"{k}= is {ADAPTER_NAMES[k]}= here" for k in unknown if k in ADAPTER_NAMES]
-        raise TypeError(
-            f"unknown option(s) {unknown}; a request takes {list(SAMPLING_OPTIONS)}"
-            + "".join(f" ({hint})" for hint in hints)
-        )
 
 
 def _check_model_kwargs(model_kwargs: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvboost_rag.core.choices import TOOL_FORMATS
 from kvboost_rag.core.tools.calls import (
@@ -22,6 +22,9 @@ from kvboost_rag.core.tools.calls import (
     read_calls,
     unfenced,
 )
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # its stubs' type; not a runtime name
 
 Tool = Mapping[str, Any]
 # The id of the tokenizer's special token spelled ``text``, or None where it has none.
@@ -35,7 +38,11 @@ def no_special(text: str) -> None:
 
 # JSON exactly as ``json.dumps`` writes it, so a constrained call re-renders token for token
 # (the next agent step's prompt then extends this one's cache).
-CANONICAL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CANONICAL_JSON: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 
 
 def tool_name(tool: Tool) -> str:

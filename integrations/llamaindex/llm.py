@@ -259,8 +259,8 @@ class KVBoostLLM(SamplingFields, ToolCalling, FunctionCallingLLM):
         if tools:
             raise ValueError("tools need a chat template; this KVBoostLLM has is_chat_model=False")
         options = {k: v for k, v in options.items() if k not in TOOL_OPTIONS}
-        run = self._engine.stream if stream else self._engine.generate
-        return run(self._messages_prompt(messages), **options)
+        complete = self._engine.stream if stream else self._engine.generate
+        return complete(self._messages_prompt(messages), **options)
 
     def _completion_chunks(
         self, stream: GenerationStream

@@ -86,10 +86,13 @@ class Generation:
         """Cancel the streams still running, without waiting for them to end: this may run
         where the event loop must not block, or where awaiting is itself being cancelled."""
         running = [s for s in self.streams if s.result is None]
+
+        def close() -> None:
+            for stream in running:
+                stream.close()
+
         if running:
-            threading.Thread(
-                target=lambda: [s.close() for s in running], name="kvboost-cancel", daemon=True
-            ).start()
+            threading.Thread(target=close, name="kvboost-cancel", daemon=True).start()
 
 
 async def _next(queue: asyncio.Queue[tuple[int, object]], timeout: float) -> tuple[int, object]:
