@@ -83,18 +83,6 @@ def load() -> str:
     return table(_json("load-float32.json"))
 
 
-FRONT_CELLS = ["fact 1k format_passages all", "essay 1k format_passages all"]
-
-
-def front(name: str) -> Callable[[], str]:
-    def render() -> str:
-        from kvboost_rag.bench.front.report import markdown
-
-        return markdown(_json(f"{name}.json"), FRONT_CELLS)
-
-    return render
-
-
 def agent(framework: str) -> Callable[[], str]:
     """The step table of one framework's agent run (without the JSON summary line)."""
 
@@ -233,27 +221,24 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     ),
     QWEN_LATENCY: (("docs/bench/latency.md",), lambda: latency_table(QWEN_LATENCY)),
     "latency-float32.json headline": (("docs/bench/latency.md",), headline("latency-float32.json")),
-    "latency-float32.json": (
+    "latency-bfloat16.json headline": (
         ("docs/bench/latency.md",),
-        lambda: latency_table("latency-float32.json"),
+        headline("latency-bfloat16.json"),
     ),
-    "latency-bfloat16.json": (
-        ("docs/bench/latency.md",),
-        lambda: latency_table("latency-bfloat16.json"),
-    ),
-    "bench.json": (("docs/bench/index.md",), bench_suite),
+    "bench.json": (("docs/bench/suite.md",), bench_suite),
     "langchain-float32.json": (("docs/bench/langchain.md",), langchain),
     "llamaindex.json": (("docs/bench/llamaindex.md",), llamaindex),
     "load-float32.json": (("docs/bench/load.md",), load),
-    "front-bfloat16.json": (("docs/bench/fidelity.md",), front("front-bfloat16")),
-    "front-probe-bfloat16.json": (("docs/bench/fidelity.md",), front("front-probe-bfloat16")),
     "agent.json langchain": (("docs/bench/agents.md",), agent("langchain")),
     "agent.json llamaindex": (("docs/bench/agents.md",), agent("llamaindex")),
     "chat-float32.json": (("docs/bench/chat.md",), chat("float32")),
     "chat-bfloat16.json": (("docs/bench/chat.md",), chat("bfloat16")),
     "KVBoostConfig": (("docs/guides/configuration.md",), config_fields),
     "fidelity levels": (("README.md", "docs/guides/fidelity.md"), levels_table),
-    "fidelity workloads": (("docs/guides/fidelity.md",), workloads_table),
+    "fidelity workloads": (
+        ("docs/guides/fidelity.md", "docs/bench/fidelity.md"),
+        workloads_table,
+    ),
     **recorded_texts(),
 }
 

@@ -1,6 +1,6 @@
 """Markdown tables from benchmark JSON, so the documentation's numbers are a run's numbers.
 
-python -m kvboost_rag.bench.suite.report docs/bench/rag-levels-bfloat16.json ...
+python -m kvboost_rag.bench.suite.report docs/bench/bench.json ...
 python -m kvboost_rag.bench.suite.report --readme docs/bench/index.md docs/bench/bench.json
 
 The second form rewrites one page's bench section; ``scripts/docs_pages.py`` rewrites every
