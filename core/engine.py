@@ -148,7 +148,7 @@ class KVBoost:
         if not isinstance(engine, KVBoost):
             raise TypeError(
                 "expected a KVBoost engine or an object holding one as .engine (ChatKVBoost, "
-                f"KVBoostLLM), got {type(target).__name__}"
+                f"KVBoostPipeline, KVBoostLLM), got {type(target).__name__}"
             )
         return engine
 

@@ -39,7 +39,7 @@ def warm_corpus(
     - chat messages (``[{"role", "content"}]``) with a ``passage()`` marker where the
       passages go, as ``engine.chat`` sees them;
     - a LangChain ``PromptTemplate`` / ``ChatPromptTemplate`` (the chain's; ``target`` is
-      its ``ChatKVBoost`` or ``KVBoostLLM``), or a LlamaIndex query engine, context chat
+      its ``ChatKVBoost`` or ``KVBoostPipeline``), or a LlamaIndex query engine, context chat
       engine or prompt template (``target`` its ``KVBoostLLM``): the prefix their requests
       will have. A template variable before the documents (a question) ends it: the
       fixed head is warmed, and prompts starting with it reuse it through

@@ -1,4 +1,4 @@
-"""The fields and request plumbing ``KVBoostLLM`` and ``ChatKVBoost`` share."""
+"""The fields and request plumbing ``KVBoostPipeline`` and ``ChatKVBoost`` share."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, PASSAGE_SEPARATOR
 from kvboost_rag.documents import PASSAGE_SLOT
 from kvboost_rag.integrations._common import documents_as_passages, split_into_units
 from kvboost_rag.integrations.langchain.chat import ChatKVBoost
-from kvboost_rag.integrations.langchain.llm import KVBoostLLM
+from kvboost_rag.integrations.langchain.llm import KVBoostPipeline
 from kvboost_rag.integrations.langchain.messages import engine_messages
 
 # ``create_stuff_documents_chain`` joins formatted documents with this: the blank line
@@ -54,7 +54,7 @@ def prompt_prefix(
     variable holds a passage marker too, so a variable before the documents (a question)
     ends the prefix there: the template's fixed head is warmed, and prompts, whose prefix
     starts with it, reuse it through ``prefix_fallback="nearest"``. ``ChatKVBoost`` gets
-    the messages (its chat template applies), ``KVBoostLLM`` the text, as LangChain
+    the messages (its chat template applies), ``KVBoostPipeline`` the text, as LangChain
     converts the prompt for each.
     """
     if document_variable not in template.input_variables:
@@ -74,11 +74,11 @@ def prompt_prefix(
     prompt = template.format_prompt(**values)
     if isinstance(llm, ChatKVBoost):
         return engine_messages(prompt.to_messages(), [])
-    if isinstance(llm, KVBoostLLM):
+    if isinstance(llm, KVBoostPipeline):
         return prompt.to_string()
     raise TypeError(
         f"a LangChain prompt's prefix depends on the model it is sent to: pass the chain's "
-        f"ChatKVBoost or KVBoostLLM as warm_corpus's target, not a {type(llm).__name__}"
+        f"ChatKVBoost or KVBoostPipeline as warm_corpus's target, not a {type(llm).__name__}"
     )
 
 
@@ -87,7 +87,7 @@ class KVBoostTextSplitter(TextSplitter):
     retriever returns is exactly one KV unit each.
 
     ``engine`` is a ``KVBoost`` engine or an object holding one as ``.engine``
-    (``ChatKVBoost``, ``KVBoostLLM``); its tokenizer counts tokens and its
+    (``ChatKVBoost``, ``KVBoostPipeline``); its tokenizer counts tokens and its
     ``max_passage_tokens`` is the default (and largest) ``chunk_size``. Chunks do not
     overlap: an overlap would store the shared sentences twice.
     """

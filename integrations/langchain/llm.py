@@ -1,4 +1,4 @@
-"""``KVBoostLLM``: a LangChain text-completion LLM whose prompts reuse cached passage KV."""
+"""``KVBoostPipeline``: a LangChain text-completion LLM whose prompts reuse cached passage KV."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kvboost_rag.integrations._common import aiter_thread, concurrently, in_thre
 from kvboost_rag.integrations.langchain._fields import KVBoostFields
 
 
-class KVBoostLLM(KVBoostFields, BaseLLM):
+class KVBoostPipeline(KVBoostFields, BaseLLM):
     """A local HF model as a completion LLM that computes each retrieved passage's KV once.
 
     Drop-in for ``HuggingFacePipeline``. Mark passages with ``format_passages(docs)`` /

@@ -160,9 +160,9 @@ def engine() -> KVBoost:
 
 @pytest.fixture(scope="module")
 def lc_llm(engine: KVBoost) -> Any:
-    from kvboost_rag.integrations.langchain import KVBoostLLM
+    from kvboost_rag.integrations.langchain import KVBoostPipeline
 
-    return KVBoostLLM(engine=engine, max_tokens=MAX_NEW)
+    return KVBoostPipeline(engine=engine, max_tokens=MAX_NEW)
 
 
 @pytest.fixture(scope="module")

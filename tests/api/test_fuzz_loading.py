@@ -1,5 +1,5 @@
 """Property-based fuzzing (hypothesis) of the constructors that load a model:
-``KVBoost.from_pretrained``, LangChain ``ChatKVBoost`` / ``KVBoostLLM.from_model_id`` and
+``KVBoost.from_pretrained``, LangChain ``ChatKVBoost`` / ``KVBoostPipeline.from_model_id`` and
 LlamaIndex ``KVBoostLLM.from_model_id``. For any model name, dtype, device, config and
 extra keyword arguments, a call either returns an engine that is what was asked (its
 dtype, on the CPU, its config) or raises a ``ValueError`` / ``TypeError`` from the
@@ -165,7 +165,7 @@ def bad_fields(fields: dict[str, Any]) -> bool:
 @given(
     call=calls(),
     fields=ADAPTER_FIELDS,
-    adapter=st.sampled_from(["ChatKVBoost", "KVBoostLLM", "llamaindex"]),
+    adapter=st.sampled_from(["ChatKVBoost", "KVBoostPipeline", "llamaindex"]),
 )
 def test_from_model_id_builds_or_refuses_clearly(folder, loads, call, fields, adapter) -> None:
     arguments, kwargs, wrong = call

@@ -136,9 +136,9 @@ def test_dtype_names_and_torch_dtypes(tiny_model_dir: str) -> None:
 
 
 def test_langchain_from_model_id_raises_the_loaders_own_errors(tiny_model_dir: str) -> None:
-    from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostLLM
+    from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostPipeline
 
-    for cls in (ChatKVBoost, KVBoostLLM):
+    for cls in (ChatKVBoost, KVBoostPipeline):
         # Not a pydantic ValidationError wrapping it: the loader's error, as raised.
         with pytest.raises(UnknownModelError, match="unknown model '/no/such'"):
             cls.from_model_id("/no/such")

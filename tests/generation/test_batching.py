@@ -241,7 +241,7 @@ def test_the_batch_thread_ends_when_idle(tokenizer: Any, monkeypatch: pytest.Mon
 def test_langchain_batch_and_abatch_decode_together(tokenizer: Any) -> None:
     from langchain_core.messages import HumanMessage
 
-    from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostLLM
+    from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostPipeline
 
     batched, serial = engines("llama", tokenizer)
     questions = [q for q, _, _ in prompts(8)]
@@ -257,7 +257,7 @@ def test_langchain_batch_and_abatch_decode_together(tokenizer: Any) -> None:
         return await chat.abatch([[HumanMessage(q)] for q in questions])
 
     assert [m.content for m in asyncio.run(abatch())] == want
-    llm = KVBoostLLM(engine=batched, max_tokens=12)
+    llm = KVBoostPipeline(engine=batched, max_tokens=12)
     want_llm = [serial.generate(q, max_new_tokens=12).text for q in questions]
     before = batched.stats().batch.steps  # type: ignore[union-attr]
     assert llm.batch(questions) == want_llm

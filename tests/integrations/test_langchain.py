@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from kvboost_rag import EmptyPromptError, KVBoost, KVBoostConfig, MarkerError, passage
 from kvboost_rag.integrations.langchain import (
     ChatKVBoost,
-    KVBoostLLM,
+    KVBoostPipeline,
     KVBoostTextSplitter,
     format_passages,
     stuff_documents_kwargs,
@@ -45,8 +45,8 @@ def chat(engine: KVBoost) -> ChatKVBoost:
 
 
 @pytest.fixture
-def llm(engine: KVBoost) -> KVBoostLLM:
-    return KVBoostLLM(engine=engine, max_tokens=12)
+def llm(engine: KVBoost) -> KVBoostPipeline:
+    return KVBoostPipeline(engine=engine, max_tokens=12)
 
 
 class Tokens(BaseCallbackHandler):
@@ -163,7 +163,7 @@ def test_stop_and_sampling_options_reach_the_engine(chat: ChatKVBoost) -> None:
     assert seeded[0] == seeded[1]
 
 
-def test_llm_generation_info_and_usage(llm: KVBoostLLM, engine: KVBoost) -> None:
+def test_llm_generation_info_and_usage(llm: KVBoostPipeline, engine: KVBoost) -> None:
     prompt = "Context: " + format_passages(DOCS) + QUESTION
     # A batch's prompts run at once, so one cannot read the passages another encodes after
     # its answer: a first call leaves them cached.
@@ -179,7 +179,7 @@ def test_llm_generation_info_and_usage(llm: KVBoostLLM, engine: KVBoost) -> None
     assert usage["cached_tokens"] == first["reused_tokens"] + second["reused_tokens"]
 
 
-def test_llm_documents_streaming_and_async_agree(llm: KVBoostLLM, engine: KVBoost) -> None:
+def test_llm_documents_streaming_and_async_agree(llm: KVBoostPipeline, engine: KVBoost) -> None:
     expected = llm.invoke(QUESTION, documents=DOCS)
     assert (
         expected
@@ -192,7 +192,7 @@ def test_llm_documents_streaming_and_async_agree(llm: KVBoostLLM, engine: KVBoos
         expected
     )
     assert "".join(handler.tokens) == expected
-    streaming = KVBoostLLM(engine=engine, max_tokens=12, streaming=True)
+    streaming = KVBoostPipeline(engine=engine, max_tokens=12, streaming=True)
     assert streaming.invoke(QUESTION, documents=DOCS) == expected
     assert asyncio.run(llm.ainvoke(QUESTION, documents=DOCS)) == expected
     assert asyncio.run(streaming.ainvoke(QUESTION, documents=DOCS)) == expected
@@ -265,7 +265,7 @@ def test_splitter_chunks_are_whole_kv_units(engine: KVBoost, tokenizer) -> None:
     "empty", ["", "   \n\t ", [HumanMessage("  ")], [SystemMessage(" "), HumanMessage("\n")]]
 )
 def test_whitespace_only_input_is_an_empty_prompt(
-    chat: ChatKVBoost, llm: KVBoostLLM, empty: Any
+    chat: ChatKVBoost, llm: KVBoostPipeline, empty: Any
 ) -> None:
     """invoke("") answered: the chat template alone is not a prompt."""
     with pytest.raises(EmptyPromptError):
@@ -277,7 +277,9 @@ def test_whitespace_only_input_is_an_empty_prompt(
             llm.invoke(empty)
 
 
-def test_a_bad_max_tokens_is_named_as_it_was_passed(chat: ChatKVBoost, llm: KVBoostLLM) -> None:
+def test_a_bad_max_tokens_is_named_as_it_was_passed(
+    chat: ChatKVBoost, llm: KVBoostPipeline
+) -> None:
     """invoke(..., max_tokens=0) said "max_new_tokens must be ...", a name the caller never
     used."""
     for model in (chat, llm):
@@ -296,7 +298,9 @@ def test_splitter_keeps_chunk_size_without_sentence_ends(engine: KVBoost, text: 
     assert "".join(chunks).replace(" ", "") == text.replace(" ", "")  # only edges stripped
 
 
-def test_token_counts_and_tracing_params(chat: ChatKVBoost, llm: KVBoostLLM, tokenizer) -> None:
+def test_token_counts_and_tracing_params(
+    chat: ChatKVBoost, llm: KVBoostPipeline, tokenizer
+) -> None:
     text = "Hello there"
     expected = len(tokenizer(text, add_special_tokens=False).input_ids)
     assert chat.get_num_tokens(text) == llm.get_num_tokens(text) == expected
@@ -328,7 +332,7 @@ def test_lcel_format_passages_marks_retrieved_documents(chat: ChatKVBoost, engin
     assert engine.stats().reused_tokens - before >= passage_tokens
 
 
-def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostLLM, engine: KVBoost) -> None:
+def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostPipeline, engine: KVBoost) -> None:
     with pytest.raises(TypeError, match="documents must be a list .* got str"):
         chat.invoke(QUESTION, documents="abc")  # was three one-letter passages
     with pytest.raises(ValueError, match="stop must be a str"):
@@ -339,3 +343,12 @@ def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostLLM, engine: KV
     for field in (*bad_fields, {"seed": 2**64}):
         with pytest.raises(ValidationError):  # True was read as 1; inf and 2**64 were taken
             ChatKVBoost(engine=engine, **field)
+
+
+def test_the_old_llm_name_says_where_each_class_is() -> None:
+    from kvboost_rag.integrations import langchain
+
+    with pytest.raises(ImportError, match="KVBoostPipeline now.*KVBoostLLM is the LlamaIndex"):
+        langchain.KVBoostLLM  # noqa: B018
+    with pytest.raises(ImportError, match="KVBoostPipeline now"):
+        from kvboost_rag.integrations.langchain import KVBoostLLM  # noqa: F401

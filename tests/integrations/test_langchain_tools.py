@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages
-from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostLLM, retriever_tool
+from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostPipeline, retriever_tool
 from kvboost_rag.integrations.langchain.messages import engine_messages
 from kvboost_rag.integrations.langchain.tools import tool_choice_name
 
@@ -179,7 +179,7 @@ def test_bad_options_get_specific_errors(chat: ChatKVBoost, engine: KVBoost) -> 
         chat.invoke(ADD_PROMPT, functions=[add])
     with pytest.raises(ValueError, match="not both"):
         chat.bind_tools([add]).invoke(ADD_PROMPT, response_format={"type": "json_object"})
-    llm = KVBoostLLM(engine=engine, max_tokens=8)
+    llm = KVBoostPipeline(engine=engine, max_tokens=8)
     with pytest.raises(TypeError, match="cannot call tools; use ChatKVBoost"):
         llm.invoke(ADD_PROMPT, tools=[add])
     with pytest.raises(ValueError, match="method must be one of"):
@@ -308,7 +308,7 @@ def test_include_raw_returns_message_object_and_error(chat: ChatKVBoost, method:
 
 @pytest.mark.embedded
 def test_completion_llm_answers_in_a_json_format(engine: KVBoost) -> None:
-    llm = KVBoostLLM(engine=engine, max_tokens=16)
+    llm = KVBoostPipeline(engine=engine, max_tokens=16)
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     form = {"type": "json_schema", "json_schema": {"schema": schema}}
     text = llm.invoke("Is Paris in France? Answer in JSON.", response_format=form)

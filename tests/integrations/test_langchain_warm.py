@@ -15,7 +15,7 @@ from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.integrations.langchain import (
     ChatKVBoost,
-    KVBoostLLM,
+    KVBoostPipeline,
     prompt_prefix,
     stuff_documents_kwargs,
 )
@@ -69,7 +69,7 @@ def test_chains_reuse_passages_warmed_for_their_prompt(
     llm = (
         ChatKVBoost(engine=engine, max_tokens=2)
         if kind == "chat"
-        else KVBoostLLM(engine=engine, max_tokens=2)
+        else KVBoostPipeline(engine=engine, max_tokens=2)
     )
     template = TEMPLATES[name]
     warm_corpus(llm, DOCS, prefix=template, progress=False)
@@ -84,7 +84,10 @@ def test_chains_reuse_passages_warmed_for_their_prompt(
 
 def test_the_model_kind_changes_the_prefix(engine: KVBoost) -> None:
     template = TEMPLATES["chat template"]
-    chat, llm = ChatKVBoost(engine=engine, max_tokens=2), KVBoostLLM(engine=engine, max_tokens=2)
+    chat, llm = (
+        ChatKVBoost(engine=engine, max_tokens=2),
+        KVBoostPipeline(engine=engine, max_tokens=2),
+    )
     warm_corpus(chat, DOCS, prefix=template, progress=False)
     stats = ask(llm, template, DOCS, Sent(engine))  # "System: ..." text, not the chat template
     assert (stats["passages_foreign"], stats["passages_missed"]) == (3, 0)
@@ -92,7 +95,7 @@ def test_the_model_kind_changes_the_prefix(engine: KVBoost) -> None:
 
 def test_a_question_before_the_documents_ends_the_warmed_prefix(engine: KVBoost) -> None:
     template = PromptTemplate.from_template("Question: {input}\nNotes:\n{context}\nAnswer:")
-    llm = KVBoostLLM(engine=engine, max_tokens=2)
+    llm = KVBoostPipeline(engine=engine, max_tokens=2)
     assert prompt_prefix(template, llm).startswith("Question: \u27e6")
     warm_corpus(llm, DOCS, prefix=template, progress=False)
     sent = Sent(engine)
@@ -106,7 +109,7 @@ def test_a_question_before_the_documents_ends_the_warmed_prefix(engine: KVBoost)
 
 def test_bad_prompt_prefixes_get_specific_errors(engine: KVBoost) -> None:
     chat = ChatKVBoost(engine=engine, max_tokens=2)
-    with pytest.raises(TypeError, match="pass the chain's ChatKVBoost or KVBoostLLM"):
+    with pytest.raises(TypeError, match="pass the chain's ChatKVBoost or KVBoostPipeline"):
         warm_corpus(engine, DOCS, prefix=TEMPLATES["chat template"])
     with pytest.raises(ValueError, match=r"no \{context\} variable"):
         warm_corpus(chat, DOCS, prefix=PromptTemplate.from_template("Docs: {docs}"))

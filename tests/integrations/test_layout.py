@@ -114,7 +114,7 @@ def via_stuff_documents_chain(engine: KVBoost) -> None:
 
 
 def via_plain_lcel(engine: KVBoost) -> None:
-    llm = lc.KVBoostLLM(engine=engine, max_tokens=2)
+    llm = lc.KVBoostPipeline(engine=engine, max_tokens=2)
     prompt = ChatPromptTemplate.from_template("Context:\n{context}\nQuestion: {question}")
     chain = {"context": lambda q: lc.format_passages(_documents()), "question": lambda q: q}
     (chain | prompt | llm).invoke(QUESTION)

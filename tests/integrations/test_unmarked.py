@@ -14,8 +14,7 @@ from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.integrations.langchain import ChatKVBoost
-from kvboost_rag.integrations.langchain import KVBoostLLM as LangChainLLM
+from kvboost_rag.integrations.langchain import ChatKVBoost, KVBoostPipeline
 
 CITIES = ["Lyon", "Osaka", "Quito", "Perth"]
 TEXTS = [
@@ -59,7 +58,7 @@ def test_a_default_stuff_documents_chain_hits_every_warmed_passage(
     llm = (
         ChatKVBoost(engine=engine, max_tokens=2)
         if name == "chat"
-        else LangChainLLM(engine=engine, max_tokens=2)
+        else KVBoostPipeline(engine=engine, max_tokens=2)
     )
     warm_corpus(engine, TEXTS, progress=False)
     chain = create_stuff_documents_chain(llm, TEMPLATES[name])  # no markers, no kwargs

@@ -132,9 +132,9 @@ def test_only_blank_documents_warm_nothing_and_say_so() -> None:
 def test_the_adapters_skip_a_blank_document_with_the_same_warning() -> None:
     from langchain_core.documents import Document
 
-    from kvboost_rag.integrations.langchain import KVBoostLLM
+    from kvboost_rag.integrations.langchain import KVBoostPipeline
 
-    llm = KVBoostLLM(engine=engine(), max_tokens=1)
+    llm = KVBoostPipeline(engine=engine(), max_tokens=1)
     with pytest.warns(UserWarning, match=r"skipping documents\[0\]: it is empty"):
         llm.invoke("Which item?", documents=[Document(""), Document(DOCS[0])])
     assert llm.engine.stats().requests == 1
