@@ -35,7 +35,7 @@ from kvboost_rag.core.model.loading import (
 from kvboost_rag.core.model.quantized import check_weights, quantize
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
-from kvboost_rag.core.request_path import RequestPath
+from kvboost_rag.core.requests import Requests
 from kvboost_rag.core.results import EngineStats, GenerationResult, WarmResult
 from kvboost_rag.core.reuse.caches import Caches
 from kvboost_rag.core.store.fingerprint import model_fingerprint
@@ -90,7 +90,7 @@ class KVBoost:
             self._caches,
             self._handle.executor,
         )
-        self._path = RequestPath(self._handle, tokenizer, self.config, self._caches)
+        self._requests = Requests(self._handle, tokenizer, self.config, self._caches)
         executor = self._handle.executor
         executor.warm_up(self.config.packed_head, self.config.packed_linears, measured)
         executor.compile_step(self.config.compiled_step)
@@ -159,7 +159,7 @@ class KVBoost:
         given as ``passages=`` (placed before it). Options: max_new_tokens, temperature,
         top_p, top_k, stop, seed, draft_tokens (``SamplingOptions``);
         ``response_format`` / ``constrain`` as in ``chat``."""
-        return self._path.open(*self._text(prompt, options)).wait()
+        return self._requests.open(*self._text(prompt, options)).wait()
 
     def chat(self, messages: Sequence[Message], **options: Unpack[ChatOptions]) -> GenerationResult:
         """Answer the last message of a conversation, using the tokenizer's chat template.
@@ -173,7 +173,7 @@ class KVBoost:
         ``config.constrained_decoding``). Messages may carry ``tool_calls`` (assistant)
         and be ``{"role": "tool", "content", "tool_call_id"}`` results. Sampling options
         as in ``generate``."""
-        return self._path.open(*self._chat(messages, options)).wait()
+        return self._requests.open(*self._chat(messages, options)).wait()
 
     def stream(self, prompt: str, **options: Unpack[TextOptions]) -> GenerationStream:
         """Like ``generate`` but yields text deltas; ``.result`` is set when it ends."""
@@ -270,7 +270,7 @@ class KVBoost:
         """A snapshot; it does not wait for requests in flight (the tiers lock their own)."""
         tiers = self._store.stats()
         batch = self._handle.executor.stats()
-        return EngineStats(tiers.memory, tiers.disk, *self._path.counts(), tiers.remote, batch)
+        return EngineStats(tiers.memory, tiers.disk, *self._requests.counts(), tiers.remote, batch)
 
     def flush(self) -> None:
         """Wait until what finished requests left behind is stored: index updates, encodes
@@ -311,7 +311,7 @@ class KVBoost:
 
     def _checked(self, given: dict[str, Any], **form: Any) -> tuple[SamplingOptions, Structure]:
         sampling = SamplingOptions.build(**given)
-        self._path.check_stops(sampling.stop)
+        self._requests.check_stops(sampling.stop)
         return sampling, self.structure(**form)
 
     def _tokenized(
@@ -328,16 +328,16 @@ class KVBoost:
 
         def attach(request: Request) -> None:
             streams.append(
-                GenerationStream(request, self._path.decode, sampling.stop, structure.visible)
+                GenerationStream(request, self._requests.decode, sampling.stop, structure.visible)
             )
 
-        self._path.open(prompt, sampling, structure, start, stream=attach)
+        self._requests.open(prompt, sampling, structure, start, stream=attach)
         return streams[0]
 
     def _logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
         """Logits after the prompt and after each token of ``more`` fed behind it."""
         sampling = SamplingOptions(max_new_tokens=1)
-        request = self._path.open(prompt, sampling, Structure(), time.perf_counter(), feed=more)
+        request = self._requests.open(prompt, sampling, Structure(), time.perf_counter(), feed=more)
         request.wait()
         assert request.logits is not None
         return request.logits

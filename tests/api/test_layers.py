@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"results"},
     {"reuse"},
     {"generation"},
-    {"request_path", "warming"},
+    {"requests", "warming"},
     {"engine"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

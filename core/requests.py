@@ -31,8 +31,9 @@ from kvboost_rag.core.reuse.context import Context
 from kvboost_rag.core.tools.structure import Constrainer, Structure
 
 
-class RequestPath:
-    """Thread-safe: ``open`` runs on callers' threads, the rest on the executor's."""
+class Requests:
+    """The engine's requests: ``open`` makes them (on callers' threads); the executor
+    builds and stores through them and ends them (on its thread). Thread-safe."""
 
     def __init__(
         self, handle: ModelHandle, tokenizer: Any, config: KVBoostConfig, caches: Caches
