@@ -32,6 +32,30 @@ T = TypeVar("T")
 SECRET_ENV = "KVBOOST_CACHE_SECRET"
 
 
+# Settings for experts: tuned defaults, each measured on the models DESIGN.md names (the
+# records in docs/bench). Leave them unless a measurement on your model says otherwise;
+# the configuration guide lists them apart from the everyday ones.
+EXPERT_FIELDS = frozenset(
+    {
+        "block_tokens",
+        "repair",
+        "recompute_ratio",
+        "recompute_mass",
+        "edge_tokens",
+        "probe_layers",
+        "passage_prefix",
+        "prefix_fallback",
+        "passage_anchor",
+        "encode_batch_tokens",
+        "draft_tokens",
+        "packed_head",
+        "packed_linears",
+        "compiled_step",
+        "remember_measurements",
+    }
+)
+
+
 @dataclass(frozen=True)
 class KVBoostConfig:
     """How the engine caches and reuses KV.

@@ -119,17 +119,30 @@ def config_fields() -> str:
     tree = ast.parse(source)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KVBoostConfig")
     defaults = {f.name: f for f in dataclasses.fields(KVBoostConfig)}
-    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    from kvboost_rag.core.config import EXPERT_FIELDS
+
+    header = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    everyday, expert = list(header), list(header)
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             name = node.target.id
             assert name in defaults, name
-            rows.append(
+            (expert if name in EXPERT_FIELDS else everyday).append(
                 f"| `{name}` | {_type(node.annotation)} | {_default(node, defaults[name])} | "
                 f"{_cell(_comment_above(lines, node.lineno))} |"
             )
-    missing = set(defaults) - {r.split("`")[1] for r in rows[2:]}
-    assert not missing, f"fields without a row: {missing}"
+    listed = {r.split("`")[1] for r in everyday[2:] + expert[2:]}
+    assert listed == set(defaults), f"fields without a row: {set(defaults) - listed}"
+    assert EXPERT_FIELDS <= listed, f"EXPERT_FIELDS names no field: {EXPERT_FIELDS - listed}"
+    rows = [
+        *everyday,
+        "",
+        f"**Expert settings** ({len(expert) - 2} fields, `EXPERT_FIELDS`): tuned defaults, "
+        "each measured on the models the project names; leave them unless a measurement on "
+        "your model says otherwise.",
+        "",
+        *expert,
+    ]
     named = (ROOT / "core" / "choices.py").read_text()  # the choices' own module
     named_lines = named.splitlines()
     choices = [

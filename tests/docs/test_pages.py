@@ -15,6 +15,7 @@ import pytest
 from code_blocks import ROOT
 
 from kvboost_rag import KVBoostConfig
+from kvboost_rag.core.config import EXPERT_FIELDS
 
 
 def _docs_pages():
@@ -87,10 +88,14 @@ def _config_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_configuration_page_lists_every_field_in_order() -> None:
+def test_configuration_page_lists_every_field_in_order_everyday_then_expert() -> None:
     fields = [f.name for f in dataclasses.fields(KVBoostConfig)]
+    ordered = [n for n in fields if n not in EXPERT_FIELDS] + [
+        n for n in fields if n in EXPERT_FIELDS
+    ]
     rows = _config_rows()
-    assert [name for name in rows if name in fields] == fields
+    assert [name for name in rows if name in fields] == ordered
+    assert EXPERT_FIELDS < set(fields)
 
 
 def test_configuration_page_defaults_are_the_class_defaults() -> None:
