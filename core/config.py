@@ -36,23 +36,9 @@ SECRET_ENV = "KVBOOST_CACHE_SECRET"
 # records in docs/bench). Leave them unless a measurement on your model says otherwise;
 # the configuration guide lists them apart from the everyday ones.
 EXPERT_FIELDS = frozenset(
-    {
-        "block_tokens",
-        "repair",
-        "recompute_ratio",
-        "recompute_mass",
-        "edge_tokens",
-        "probe_layers",
-        "passage_prefix",
-        "prefix_fallback",
-        "passage_anchor",
-        "encode_batch_tokens",
-        "draft_tokens",
-        "packed_head",
-        "packed_linears",
-        "compiled_step",
-        "remember_measurements",
-    }
+    "block_tokens repair recompute_ratio recompute_mass edge_tokens probe_layers passage_prefix "
+    "prefix_fallback passage_anchor encode_batch_tokens draft_tokens packed_head packed_linears "
+    "compiled_step remember_measurements".split()
 )
 
 

@@ -9,7 +9,6 @@ answer leaves behind is stored off the request path (``Caches.remember``).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,9 +24,9 @@ from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.model import measurements
 from kvboost_rag.core.model.loading import (
-    check_attn_implementation,
     check_device,
     check_dtype,
+    check_model_kwargs,
     default_dtype,
     load_model,
     resolve_model_path,
@@ -126,7 +125,7 @@ class KVBoost:
         ``attn_implementation``, ...). Every argument is checked before anything loads:
         ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
         for the others."""
-        _check_model_kwargs(model_kwargs)
+        check_model_kwargs(model_kwargs)
         if config is not None and not isinstance(config, KVBoostConfig):
             raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
         dev = check_device(device)
@@ -341,18 +340,3 @@ class KVBoost:
         request.wait()
         assert request.logits is not None
         return request.logits
-
-
-def _check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
-    """``from_pretrained``'s extra arguments are transformers': an engine setting among
-    them would reach the model's constructor and fail there, after loading."""
-    settings = sorted(set(model_kwargs) & {f.name for f in dataclasses.fields(KVBoostConfig)})
-    if settings:
-        given = ", ".join(f"{name}={model_kwargs[name]!r}" for name in settings)
-        raise TypeError(
-            f"{', '.join(settings)}: engine settings, not model-loading arguments; pass "
-            f"config=KVBoostConfig({given})"
-        )
-    if "torch_dtype" in model_kwargs:
-        raise TypeError("pass dtype= (torch_dtype is transformers' old name for it)")
-    check_attn_implementation(model_kwargs.get("attn_implementation"))

@@ -30,9 +30,8 @@ import torch
 from kvboost_rag.core.generation.drafting import Drafting
 from kvboost_rag.core.generation.request import Request, Status
 from kvboost_rag.core.generation.runner import Runner
-from kvboost_rag.core.generation.slots import SlotCache
+from kvboost_rag.core.generation.slots import Row, SlotCache, position_bytes
 from kvboost_rag.core.model.arch import ModelSupport
-from kvboost_rag.core.model.kv import LayerKV
 from kvboost_rag.core.model.quantized import row_cost
 from kvboost_rag.core.results import BatchStats
 
@@ -52,17 +51,6 @@ FILL_TOKENS = 1024
 FILL_ROWS = {"cpu": 1}
 
 
-def position_bytes(model: Any) -> int:
-    """A position's KV over every layer, in bytes, from the model's config (0: unknown)."""
-    config = model.config.get_text_config()
-    try:
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        return 2 * config.num_hidden_layers * heads * dim * model.dtype.itemsize
-    except (AttributeError, TypeError):
-        return 0
-
-
 def _positions(request: Request) -> int:
     """The most positions ``request``'s row can need: its prompt, then its answer (and a
     draft verified past it), or the tokens a logits-only request feeds."""
@@ -70,30 +58,6 @@ def _positions(request: Request) -> int:
         return len(request.prompt.tokens) + len(request.feed) + 1
     draft = 0 if request.drafter is None else request.drafter.max_draft
     return len(request.prompt.tokens) + request.sampling.max_new_tokens + draft + 1
-
-
-class Row:
-    """A request's row, as its owner's context build sees it (``RowKV``)."""
-
-    def __init__(self, slots: SlotCache, index: int) -> None:
-        self._slots = slots
-        self.index = index
-
-    def write(self, start: int, kv: LayerKV) -> None:
-        self._slots.write_kv(self.index, start, kv)
-
-    def zero(self, start: int, end: int) -> None:
-        self._slots.zero(self.index, start, end)
-
-    def views(self, start: int, end: int) -> LayerKV:
-        return self._slots.views(self.index, start, end)
-
-    def copy(self, start: int, end: int) -> LayerKV:
-        return self._slots.read(self.index, start, end)
-
-    @property
-    def length(self) -> int:
-        return self._slots.lengths[self.index]
 
 
 class Batch:

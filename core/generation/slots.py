@@ -277,3 +277,38 @@ class SlotCache(Cache):
         for layer in self.slot_layers:
             layer.reset()
         self.lengths, self.row_capacity, self.capacity = [], 1, ROOM
+
+
+def position_bytes(model: Any) -> int:
+    """A position's KV over every layer, in bytes, from the model's config (0: unknown)."""
+    config = model.config.get_text_config()
+    try:
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return 2 * config.num_hidden_layers * heads * dim * model.dtype.itemsize
+    except (AttributeError, TypeError):
+        return 0
+
+
+class Row:
+    """A request's row, as its owner's context build sees it (``RowKV``)."""
+
+    def __init__(self, slots: SlotCache, index: int) -> None:
+        self._slots = slots
+        self.index = index
+
+    def write(self, start: int, kv: LayerKV) -> None:
+        self._slots.write_kv(self.index, start, kv)
+
+    def zero(self, start: int, end: int) -> None:
+        self._slots.zero(self.index, start, end)
+
+    def views(self, start: int, end: int) -> LayerKV:
+        return self._slots.views(self.index, start, end)
+
+    def copy(self, start: int, end: int) -> LayerKV:
+        return self._slots.read(self.index, start, end)
+
+    @property
+    def length(self) -> int:
+        return self._slots.lengths[self.index]

@@ -4,6 +4,7 @@ folders and HF ids; the dtype and device they compute in.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import UnknownModelError
 from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, converted_checkpoint
 from kvboost_rag.core.model.gguf import converted_folder, is_gguf
@@ -263,3 +265,18 @@ def check_attn_implementation(value: object) -> None:
         f"{tuple(names)} (the flash ones need flash-attn and a GPU), a hub kernel "
         "'org/repo', or leave it out (sdpa)"
     )
+
+
+def check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
+    """``KVBoost.from_pretrained``'s extra arguments are transformers': an engine setting among
+    them would reach the model's constructor and fail there, after loading."""
+    settings = sorted(set(model_kwargs) & {f.name for f in dataclasses.fields(KVBoostConfig)})
+    if settings:
+        given = ", ".join(f"{name}={model_kwargs[name]!r}" for name in settings)
+        raise TypeError(
+            f"{', '.join(settings)}: engine settings, not model-loading arguments; pass "
+            f"config=KVBoostConfig({given})"
+        )
+    if "torch_dtype" in model_kwargs:
+        raise TypeError("pass dtype= (torch_dtype is transformers' old name for it)")
+    check_attn_implementation(model_kwargs.get("attn_implementation"))

@@ -61,9 +61,8 @@ class DiskStats:
 
 class DiskStore:
     """Thread-safe within a process; safe across processes sharing ``root``. Raises
-    ``OSError`` when the model's folder under ``root`` cannot be made. A ``Tier``: entries
-    are written when warmed (``persist``), promoted from the shared tier or evicted from
-    memory."""
+    ``OSError`` when the model's folder under ``root`` cannot be made. A ``Tier`` that
+    keeps what is warmed, promoted from the shared tier or evicted from memory."""
 
     name = "disk"
     shared = False
@@ -128,14 +127,10 @@ class DiskStore:
     ) -> None:
         """Queue a write for the background writer (warming overlaps compute and I/O);
         ``flush()`` waits for queued writes. A key already on disk (or queued) is skipped."""
-        with self._lock:
-            if key in self._pending:
-                return
-            self._pending.add(key)
-        if os.path.exists(self.path(key)):
-            with self._lock:
-                self._pending.discard(key)
+        if key in self:
             return
+        with self._lock:
+            self._pending.add(key)
         if not self._writer.submit((key, tokens, kv, approximate)):  # closed: write now
             self._write((key, tokens, kv, approximate))
 

@@ -5,76 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from conftest import make_model
+from batching_setup import ask, engines, prompts, together
 
-from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag import KVBoostConfig
 from kvboost_rag.core.generation import batch as batch_module
 from kvboost_rag.core.generation import executor as executor_module
 from kvboost_rag.core.generation import sampler as sampler_module
 from kvboost_rag.core.generation import slots as slots_module
-
-PASSAGES = [
-    "The lighthouse keeper logs the weather at dawn and dusk.",
-    "Copper conducts heat far better than stainless steel does.",
-    "A sourdough starter needs flour, water and a warm kitchen.",
-    "The river floods each spring when the mountain snow melts.",
-]
-
-
-def prompts(n: int) -> list[tuple[str, list[str], int]]:
-    """n requests: a question, two passages of its own, a length of its own. No passage or
-    prefix is shared: with passage reuse, what one request caches (its session KV, a
-    passage variant) changes what a later one reads, so shared ones would make answers
-    depend on the order requests arrive in, batched or not."""
-    return [
-        (
-            f"Question {i}: what follows from {'xyz' * (i % 4)}? Answer briefly.",
-            [f"Note {i}. {PASSAGES[i % 4]}", f"Fact {i}. {PASSAGES[(i + 1 + i // 4) % 4]}"],
-            6 + 3 * i,
-        )
-        for i in range(n)
-    ]
-
-
-def engines(arch: str, tokenizer: Any, **config: Any) -> tuple[KVBoost, KVBoost]:
-    """A batching engine and a one-at-a-time engine on two copies of one model."""
-    batched = KVBoost(make_model(arch), tokenizer, KVBoostConfig(block_tokens=8, **config))
-    serial = KVBoost(
-        make_model(arch),
-        tokenizer,
-        KVBoostConfig(block_tokens=8, **{**config, "max_batch_size": 1}),
-    )
-    return batched, serial
-
-
-def together(calls: list[Callable[[], Any]], timeout: float = 120.0) -> list[Any]:
-    """Run every call in its own thread, released at once; results (or errors) in order."""
-    out: list[Any] = [None] * len(calls)
-    start = threading.Barrier(len(calls))
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            out[i] = calls[i]()
-        except Exception as error:  # returned, so a test can check who failed
-            out[i] = error
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-        assert not thread.is_alive(), "a request did not finish: deadlock?"
-    return out
-
-
-def ask(engine: KVBoost, question: str, passages: list[str], n: int, **options: Any) -> list[int]:
-    return engine.generate(question, passages=passages, max_new_tokens=n, **options).token_ids
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma3"])
@@ -339,48 +280,3 @@ def test_a_turn_that_fails_fails_its_batch_and_the_loop_goes_on(
     monkeypatch.undo()
     work = prompts(2)
     assert together([lambda w=w: ask(batched, *w) for w in work]) == [ask(serial, *w) for w in work]
-
-
-def forward_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the threads every engine's forwards run on from now, as they run."""
-    from kvboost_rag.core.generation.runner import Runner
-
-    names: list[str] = []
-    original = Runner.run_rows
-
-    def recording(self: Runner, *args: Any, **kwargs: Any) -> Any:
-        names.append(threading.current_thread().name)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Runner, "run_rows", recording)
-    return names
-
-
-def test_a_waiting_caller_runs_the_model_on_its_own_thread(
-    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A blocking call's forwards run on the caller's thread (where ``generate`` would run
-    them: a new thread's OpenMP pool is throttled on a CPU); a stream's on the executor's."""
-    batched, serial = engines("llama", tokenizer)
-    want = ask(serial, *prompts(1)[0])
-    names = forward_threads(monkeypatch)
-    assert ask(batched, *prompts(1)[0]) == want
-    assert names and set(names) == {threading.current_thread().name}
-    names.clear()
-    question, passages, n = prompts(1)[0]
-    streamed = "".join(batched.stream(question, passages=passages, max_new_tokens=n))
-    assert streamed == batched.tokenizer.decode(want, skip_special_tokens=True)
-    assert names and set(names) == {"kvboost-executor"}
-
-
-def test_requests_join_a_callers_loop(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Requests arriving while a caller runs the loop decode in its batch, and give the
-    serial answers whichever caller's request ends first (the rest finish on the
-    background thread)."""
-    batched, serial = engines("llama", tokenizer)
-    work = prompts(4)  # answers of 6, 9, 12 and 15 tokens
-    want = [ask(serial, *w) for w in work]
-    names = forward_threads(monkeypatch)
-    assert together([lambda w=w: ask(batched, *w) for w in work]) == want
-    assert batched.stats().batch.peak > 1  # callers joined one loop
-    assert names and "MainThread" not in names  # each forward ran on a caller or the executor

@@ -11,8 +11,7 @@ from conftest import make_model, make_tokenizer
 from test_batching import together
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.generation.batch import position_bytes
-from kvboost_rag.core.generation.slots import SlotCache
+from kvboost_rag.core.generation.slots import SlotCache, position_bytes
 
 ANSWER = 6  # tokens per answer
 

@@ -343,12 +343,3 @@ def test_odd_values_fuzzing_found(chat: ChatKVBoost, llm: KVBoostPipeline, engin
     for field in (*bad_fields, {"seed": 2**64}):
         with pytest.raises(ValidationError):  # True was read as 1; inf and 2**64 were taken
             ChatKVBoost(engine=engine, **field)
-
-
-def test_the_old_llm_name_says_where_each_class_is() -> None:
-    from kvboost_rag.integrations import langchain
-
-    with pytest.raises(ImportError, match="KVBoostPipeline now.*KVBoostLLM is the LlamaIndex"):
-        langchain.KVBoostLLM  # noqa: B018
-    with pytest.raises(ImportError, match="KVBoostPipeline now"):
-        from kvboost_rag.integrations.langchain import KVBoostLLM  # noqa: F401
