@@ -4,14 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
-from test_bench_suite import tiny_dir  # noqa: F401  (a fixture: a tiny Llama saved to disk)
 
 from benchmarks.front import run as front
 from benchmarks.front.tasks import is_correct
 
 
+@pytest.mark.slow
 def test_quick_front_reports_every_option_in_every_cell(
-    tiny_dir: Path,  # noqa: F811
+    tiny_dir: Path,
     tmp_path: Path,
 ) -> None:
     front.main(["--quick", "--dtype", "float32", "--model", str(tiny_dir), "--out", str(tmp_path)])
@@ -82,7 +82,7 @@ def test_a_completion_prompt_is_the_layout_without_a_template(tokenizer) -> None
 
 
 def test_a_plain_cell_sends_the_same_text_without_markers(
-    tiny_dir: Path,  # noqa: F811
+    tiny_dir: Path,
     tmp_path: Path,
 ) -> None:
     """``--marks marked,plain``: each main cell twice, the second as a client that cannot

@@ -47,20 +47,3 @@ def test_recorded_cluster_runs_batch_spread_and_serve_nothing_wrong() -> None:
     rows = json.loads((bench / "faults-cluster.json").read_text())["rows"]
     assert len(rows) >= 5 and all(r["wrong"] == 0 and not r["raised"] for r in rows)
     assert all(r["completed"] == r["attempted"] and r["warnings"] <= 1 for r in rows)
-
-
-@pytest.mark.embedded
-def test_cluster_bench_runs_quick(tmp_path) -> None:
-    import json
-
-    from redis_server import require_binary
-
-    require_binary("redis-cli")
-    cmd = [sys.executable, "-m", "benchmarks.cluster.run", "--quick", "--prompts", "1"]
-    done = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = json.loads((tmp_path / "cluster.json").read_text())
-    server = run["topologies"]["one server"]["loopback"]["modes"]
-    assert server["batched"]["round_trips"] == [2]  # the prefix chain, then the passages
-    assert server["per entry"]["round_trips"][0] > 7  # a round trip per passage, and more
-    assert "keys per cluster master" in (tmp_path / "cluster.txt").read_text()
