@@ -3,6 +3,7 @@ docs/bench/remote-float32.txt and docs/bench/faults.txt hold them)."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,9 +11,10 @@ import pytest
 @pytest.mark.parametrize("module", ["remote", "faults", "cluster"])
 def test_bench_help(module: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", f"kvboost_rag.bench.{module}", "--help"],
+        [sys.executable, "-m", f"benchmarks.{module}", "--help"],
         capture_output=True,
         text=True,
+        cwd=Path(__file__).parents[2],  # a study runs from the checkout's root
     )
     assert done.returncode == 0, done.stderr
     assert "--out" in done.stdout and "--quick" in done.stdout
