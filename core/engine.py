@@ -22,6 +22,7 @@ from kvboost_rag.core.generation.options import ChatOptions, TextOptions, split_
 from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
+from kvboost_rag.core.inspection import Inspection
 from kvboost_rag.core.model import measurements
 from kvboost_rag.core.model.loading import (
     check_device,
@@ -96,9 +97,10 @@ class KVBoost:
         self._handle.executor.hand_over()  # the pool that loaded the model (openmp.py)
 
     @property
-    def _reuse(self) -> Any:
-        """Passage reuse (None at fidelity "exact"), for tests and benchmarks."""
-        return self._caches.reuse
+    def inspect(self) -> Inspection:
+        """What the engine made of a prompt and what its caches hold, for measuring and
+        debugging (``core/inspection.py``); serving never needs it."""
+        return Inspection(self._prompts, self._caches, self._store, self._handle)
 
     @classmethod
     def from_pretrained(

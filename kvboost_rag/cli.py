@@ -45,32 +45,45 @@ SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
 
 
 # Workload -> its module under kvboost_rag.bench, imported only when that workload runs:
-# `demo` and `warm` never load the benchmark package.
-BENCHES = {
-    "agent": "agent.run",
-    "all": "suite.run",
-    "chat": "chat.run",
-    "cluster": "cluster.run",
-    "constrained": "constrained.run",
-    "decode": "decode.run",
-    "exactness": "exactness.run",
-    "faults": "faults.run",
-    "front": "front.run",
-    "latency": "latency.run",
-    "load": "load.run",
-    "rag": "rag.run",
-    "remote": "remote.run",
+# `demo` and `warm` never load the benchmark package. What a user measures on their own
+# machine and model.
+BENCHES = {"latency": "latency.run", "load": "load.run", "warm": "warm.run"}
+# The studies, in the repository's benchmarks/ folder (not in the package): their old
+# workload names -> the module a clone runs.
+STUDIES = {
+    "agent": "agent",
+    "all": "suite",
+    "chat": "chat",
+    "cluster": "cluster",
+    "constrained": "constrained",
+    "decode": "decode",
+    "exactness": "exactness",
+    "faults": "faults",
+    "front": "front",
+    "rag": "rag",
+    "remote": "remote",
     "step": "decode.step",
-    "tools": "tools.run",
-    "warm": "warm.run",
+    "tools": "tools",
 }
 
 
 def bench(argv: list[str]) -> None:
-    """``bench [workload] [options]``: the options go to the workload's own parser."""
-    workload, rest = (argv[0], argv[1:]) if argv and argv[0] in BENCHES else ("all", argv)
-    module = importlib.import_module(f"kvboost_rag.bench.{BENCHES[workload]}")
-    module.main(rest)
+    """``bench workload [options]``: the options go to the workload's own parser."""
+    workload = argv[0] if argv else ""
+    if workload in BENCHES:
+        module = importlib.import_module(f"kvboost_rag.bench.{BENCHES[workload]}")
+        module.main(argv[1:])
+        return
+    if workload in STUDIES:
+        raise BadUsage(
+            f"{workload} is a study in the repository's benchmarks/ folder, not in the "
+            f"package: from a clone run `python -m benchmarks.{STUDIES[workload]}`"
+        )
+    given = f"{workload!r} is not a workload" if workload else "a workload is needed"
+    raise BadUsage(
+        f"{given}: {' | '.join(BENCHES)} (`{PROG} bench latency --help`); the studies are "
+        "in the repository's benchmarks/ folder (from a clone: `python -m benchmarks.suite`)"
+    )
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -334,9 +347,8 @@ def parser() -> ArgumentParser:
     # so options and their values pass through whatever they look like.
     sub.add_parser(
         "bench",
-        help="bench [--quick]: every workload and system in one run; "
-        "bench agent|chat|constrained|decode|faults|front|latency|load|rag|remote|step|tools|"
-        "warm ...: one workload",
+        help="bench latency|load|warm [options]: measure this machine and model (the "
+        "studies are in the repository's benchmarks/ folder)",
     )
     _warm_parser(sub)
     serve_command.add_parser(sub)

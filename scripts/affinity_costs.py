@@ -37,13 +37,12 @@ from typing import Any
 
 import torch
 
+from benchmarks.remote.server import client, local_redis, server_version
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.bench.common.corpus import passages
+from kvboost_rag.bench.common.corpus import QUESTION_PREFIX, passages
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import note
 from kvboost_rag.bench.load.run import rag_messages
-from kvboost_rag.bench.rag.langchain_rag import QUESTION_PREFIX
-from kvboost_rag.bench.remote.server import client, local_redis, server_version
 
 LAYOUT = rag_messages(["passage"], "question")  # what the passages are warmed for
 TIERS = ("memory", "redis", "encoded")

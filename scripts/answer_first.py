@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/answer_first.py [--queries 24] [--position 0] [--options cheap]
 
-The front's fact task (``kvboost_rag.bench.front``): 4 passages of a 30-passage pool, the
+The front's fact task (``benchmarks.front``): 4 passages of a 30-passage pool, the
 passage holding the answer moved to ``--position``, SmolLM2-135M at the engine's dtype,
 every option answering each prompt right after a full prefill of the same tokens. Beside
 the registered repairs it tries two that are defined here only, because they measured no
@@ -25,11 +25,11 @@ import argparse
 import random
 from typing import Any
 
+from benchmarks.front import tasks
+from benchmarks.front.measure import lines, measure, warm_up
+from benchmarks.front.run import PASSAGE_TOKENS, passages
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.bench.common import systems
-from kvboost_rag.bench.front import tasks
-from kvboost_rag.bench.front.measure import lines, measure, warm_up
-from kvboost_rag.bench.front.run import PASSAGE_TOKENS, passages
 from kvboost_rag.core.reuse import repair
 
 

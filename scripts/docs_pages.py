@@ -27,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs" / "bench"
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling renderers
+sys.path.insert(0, str(ROOT))  # the studies in benchmarks/ render their own tables
 
 from fidelity_tables import levels_table, workloads_table  # noqa: E402
 
@@ -60,19 +61,19 @@ def latency_table(name: str) -> str:
 
 
 def bench_suite() -> str:
-    from kvboost_rag.bench.suite.report import bench_markdown
+    from benchmarks.suite.report import bench_markdown
 
     return bench_markdown(_json("bench.json"), "bench.png")
 
 
 def langchain() -> str:
-    from kvboost_rag.bench.rag.langchain_rag import table
+    from benchmarks.rag.langchain_rag import table
 
     return table(_json("langchain-float32.json"))
 
 
 def llamaindex() -> str:
-    from kvboost_rag.bench.rag.llamaindex_rag import table
+    from benchmarks.rag.llamaindex_rag import table
 
     return table(_json("llamaindex.json"))
 
@@ -87,7 +88,7 @@ def agent(framework: str) -> Callable[[], str]:
     """The step table of one framework's agent run (without the JSON summary line)."""
 
     def render() -> str:
-        from kvboost_rag.bench.agent.run import table
+        from benchmarks.agent.run import table
 
         text = table(_json("agent.json"))
         start = text.index("| step", text.index(f"## {framework}"))
@@ -98,7 +99,7 @@ def agent(framework: str) -> Callable[[], str]:
 
 def chat(dtype: str) -> Callable[[], str]:
     def render() -> str:
-        from kvboost_rag.bench.suite.report import chat_table
+        from benchmarks.suite.report import chat_table
 
         return chat_table(_json(f"chat-{dtype}.json")).strip()
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.decode.contenders import _passages
+from benchmarks.decode.run import prompts
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.bench.common.corpus import warm_prefix
-from kvboost_rag.bench.decode.contenders import _passages
-from kvboost_rag.bench.decode.run import prompts
 
 KINDS = ("extractive", "open-ended")
 

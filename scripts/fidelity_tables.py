@@ -68,7 +68,7 @@ def measured_option(options: Mapping[str, Mapping[str, Any]], level: str) -> str
     if not found:
         raise ValueError(
             f"no front option measures fidelity={level!r} as it is now ({wanted}): rerun "
-            "`kvboost-rag bench front --systems real` and record it under docs/bench"
+            "`python -m benchmarks.front --systems real` and record it under docs/bench"
         )
     return found[0]
 
@@ -79,7 +79,7 @@ def _effect(config: Any) -> tuple[Any, ...]:
 
 def levels_table() -> str:
     """One row per level: what it reuses and recomputes, what it kept, when to pick it."""
-    from kvboost_rag.bench.front.options import OPTIONS
+    from benchmarks.front.options import OPTIONS
     from kvboost_rag.core.config import FIDELITY_LEVELS, KVBoostConfig
 
     report = _record(HEADLINE)
@@ -103,7 +103,7 @@ def levels_table() -> str:
 def workloads_table() -> str:
     """Per model and option, over the recorded workloads: answers kept, the TTFT speed-up
     (geometric mean, and the range over workloads) and the TTLT speed-up."""
-    from kvboost_rag.bench.front.options import OPTIONS
+    from benchmarks.front.options import OPTIONS
     from kvboost_rag.core.config import FIDELITY_LEVELS
 
     rows = [

@@ -11,7 +11,7 @@ a token it stops computing affects the others only through its KV, which stays c
 narrowed schedules run beside flat ratios of the same average cost; timing is not measured
 (the forward still computes every chosen token), the cost column is the average ratio.
 
-The front's fact task (``kvboost_rag.bench.front``): 4 passages of a 30-passage pool, the
+The front's fact task (``benchmarks.front``): 4 passages of a 30-passage pool, the
 answer's passage at position ``i % 4`` for question ``i``, SmolLM2-135M at the engine's
 dtype, every passage warmed; each option answers right after a full prefill of the same
 tokens. Prints each option's numbers (docs/bench/fidelity.md, "Layer narrowing").
@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
+from benchmarks.front import tasks
+from benchmarks.front.measure import lines, measure, place, warm_up
+from benchmarks.front.run import PASSAGE_TOKENS, passages
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.bench.common import systems
-from kvboost_rag.bench.front import tasks
-from kvboost_rag.bench.front.measure import lines, measure, place, warm_up
-from kvboost_rag.bench.front.run import PASSAGE_TOKENS, passages
 from kvboost_rag.core.generation.slots import SlotLayer
 from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.reuse import repair

@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.common.redis_server import free_port
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.bench.common.corpus import passages
-from kvboost_rag.bench.common.redis_server import free_port
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.load.run import rag_messages, rag_requests
 

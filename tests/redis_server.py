@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from kvboost_rag.bench.common.cluster_server import ClusterProcess
-from kvboost_rag.bench.common.redis_server import RedisProcess, Trickle, free_port
+from benchmarks.common.cluster_server import ClusterProcess
+from benchmarks.common.redis_server import RedisProcess, Trickle, free_port
 
 __all__ = ["VALUES", "ClusterProcess", "RedisProcess", "Trickle", "free_port", "require_binary"]
 

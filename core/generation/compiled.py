@@ -2,7 +2,7 @@
 
 At one row a CPU decoding step is mostly per-operator overhead: SmolLM2-135M's one-token
 step over 900 keys took 38-50 ms in the engine's eager forward and 24-30 ms compiled
-(bf16, 2-core AVX-512 EPYC, ``kvboost-rag bench step``, four runs). At 8 rows compiling
+(bf16, 2-core AVX-512 EPYC, ``python -m benchmarks.decode.step``, four runs). At 8 rows compiling
 lost (91-114 against 58-108 ms), and verifying a draft feeds several tokens, so only a
 forward of row 0 alone feeding one token at its end takes the compiled step.
 

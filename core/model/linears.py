@@ -76,7 +76,7 @@ def _quarter_of_memory() -> int:
 # in memory, kept to a quarter of the machine's. It was 2 GiB, set on SmolLM2; at
 # Qwen2.5-Coder-1.5B (2.6 GB of bf16 linear weights) packed products measured 182 against
 # 215 ms at 1 row and 127 against 193 ms at 8 rows for the decoder's 196 layers
-# (``kvboost-rag bench step --parts linears``, 2-core Xeon, one run), so the limit moved.
+# (``python -m benchmarks.decode.step --parts linears``, 2-core Xeon, one run), so the limit moved.
 PACKED_BYTES = _quarter_of_memory()
 
 # Sibling projections: each decoder module's children of these names, applied to one input

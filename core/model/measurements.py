@@ -44,8 +44,6 @@ class Measurements:
         self.folder = None if folder is None else Path(folder)
         # The model's fingerprint (hex), for verdicts on its outputs; "" keeps none of them.
         self.model = model
-        self.recalled = 0  # entries recalled since made (tests, benchmarks)
-        self.kept = 0  # entries written
 
     def recall(self, what: str, key: dict[str, Any]) -> Any | None:
         """The value kept for ``what`` under ``key`` on this machine, or None."""
@@ -58,7 +56,6 @@ class Measurements:
             return None
         if not isinstance(entry, dict) or entry.get("key") != _full(what, key):
             return None
-        self.recalled += 1
         return entry.get("value")
 
     def keep(self, what: str, key: dict[str, Any], value: Any) -> None:
@@ -75,7 +72,6 @@ class Measurements:
             os.replace(tmp, path)
         except OSError:
             return
-        self.kept += 1
 
     def _path(self, what: str, key: dict[str, Any]) -> Path | None:
         if self.folder is None:

@@ -14,7 +14,7 @@ Measured on a 2-core AMD EPYC (AVX2, fp32), SmolLM2-135M's lm_head in the model,
 The decoder layers' weights gained nothing from packing on that CPU (a step's linear layers
 took 58 ms against 56 ms at 8 rows); on an AVX-512 one they take a third of the time, so
 whether they are packed is measured per model (``linears.py``). It is what inductor's
-freezing pass does to linear weights (``kvboost-rag bench step``), without a compile per
+freezing pass does to linear weights (``python -m benchmarks.decode.step``), without a compile per
 model and shape.
 
 How: the runner runs the model's decoder (``get_decoder()``) and applies the packed head

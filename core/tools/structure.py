@@ -4,7 +4,7 @@ constrained decoding that makes the answer take that form.
 Constraints are llguidance grammars applied as a transformers logits processor: the same
 processor masks the first token (picked from the repair pass's logits on the reused-KV path)
 and every token ``generate`` produces after it. llguidance was chosen by measurement
-against outlines-core and lm-format-enforcer (``python -m kvboost_rag.bench.constrained``).
+against outlines-core and lm-format-enforcer (``python -m benchmarks.constrained``).
 """
 
 from __future__ import annotations

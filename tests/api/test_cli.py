@@ -7,7 +7,7 @@ from cli_run import run
 from conftest import make_model, make_tokenizer
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages
-from kvboost_rag.cli import main
+from kvboost_rag.cli import BENCHES, STUDIES, main
 from kvboost_rag.core.model.quantized import QuantizedLinear, quantize
 
 
@@ -62,6 +62,26 @@ def test_demo_and_cli_do_not_import_the_benchmarks() -> None:
     )
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_bench_names_where_a_study_went(capsys: pytest.CaptureFixture[str]) -> None:
+    """The package measures a machine and model (latency, load, warm); the studies are in
+    the repository's benchmarks/ folder, and asking for one says how to run it there."""
+    status, out, err = run(["bench", "front", "--quick"], capsys)
+    assert (status, out) == (2, "") and err.count("\n") == 1
+    assert err == (
+        "kvboost-rag bench: error: front is a study in the repository's benchmarks/ folder, "
+        "not in the package: from a clone run `python -m benchmarks.front`\n"
+    )
+    assert "`python -m benchmarks.decode.step`" in run(["bench", "step"], capsys)[2]
+    assert "`python -m benchmarks.suite`" in run(["bench", "all"], capsys)[2]
+    status, _, err = run(["bench"], capsys)  # no workload: the three there are
+    assert status == 2 and "latency | load | warm" in err and err.count("\n") == 1
+    root = Path(__file__).parents[2]
+    for study, module in STUDIES.items():  # each hint names a study that is there
+        path = root / "benchmarks" / Path(*module.split("."))
+        assert path.with_suffix(".py").exists() or (path / "__main__.py").exists(), study
+    assert set(BENCHES) == {"latency", "load", "warm"}
 
 
 NOTES = [f"Note {i}: item {i} costs {i * 3} dollars." for i in range(3)]
@@ -241,12 +261,12 @@ def bad_usage(tmp_path: Path) -> list[list[str]]:
         ["warm", str(folder), "--cache-dir", cache, "--fidelity", "exact"],
         ["warm", str(folder), "--cache-dir", cache, "--prefix", "\u27e6kvboost:passage\u27e7"],
         ["bench", "--no-such-option"],
+        ["bench"],
         ["bench", "chat", "--repeats", "0"],
+        ["bench", "latency", "--requests", "0"],
         ["bench", "load", "--dtype", "int8"],
         ["bench", "load", "--weights", "int2"],
         ["bench", "latency", "--weights", "q4_k_m"],
-        ["bench", "step", "--parts", "whole,kernels"],
-        ["bench", "step", "--parts", ""],
     ]
 
 

@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"results"},
     {"reuse"},
     {"generation"},
-    {"requests", "warming"},
+    {"requests", "warming", "inspection"},
     {"engine"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
@@ -79,3 +79,17 @@ def test_a_unit_of_one_layer_does_not_import_another_of_the_same() -> None:
         if target in RANK and target != unit and RANK[target] == RANK[unit]
     ]
     assert sideways == []
+
+
+def test_the_package_never_imports_the_studies() -> None:
+    """``benchmarks/`` is not in the wheel: nothing of the package (``kvboost_rag`` with its
+    ``bench``, ``core``, ``integrations``) may import it, lazily or not."""
+    sources = [ROOT / "kvboost_rag", CORE, ROOT / "integrations"]
+    found = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for folder in sources
+        for path in sorted(folder.rglob("*.py"))
+        for module in imports(path)
+        if module == "benchmarks" or module.startswith("benchmarks.")
+    ]
+    assert found == []

@@ -32,7 +32,7 @@ tables = _fidelity_tables()
 def level(model: str, name: str) -> dict[str, Any]:
     """The front record's totals for fidelity level ``name`` as the code runs it now, and
     the range of its per-workload TTFT speed-ups."""
-    from kvboost_rag.bench.front.options import OPTIONS
+    from benchmarks.front.options import OPTIONS
 
     report = tables._record(model)
     option = tables.measured_option(tables._measured(report, OPTIONS), name)

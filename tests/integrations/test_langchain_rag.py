@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.bench.rag.langchain_rag import (
+from benchmarks.rag.langchain_rag import (
     essay_documents,
     minilm_embeddings,
     passage_tokens,
     reordered_pair,
     retrieval_chain,
 )
+from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.integrations.langchain import ChatKVBoost
 
 pytestmark = pytest.mark.embedded

@@ -52,7 +52,7 @@ def full_logits(engine: KVBoost, tokens: list[int]) -> torch.Tensor:
 
 def test_rerotated_keys_equal_a_fresh_encode_at_the_new_offset(arch: str, tokenizer) -> None:
     engine = engine_with(arch, tokenizer)
-    cache = engine._reuse.cache
+    cache = engine.inspect.passage_cache
     tokens = tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
     ((_, stored),) = cache.encoder.encode(cache.anchor, [tokens])
     delta, a = 37, len(cache.anchor)
@@ -115,7 +115,7 @@ def test_passage_right_after_bos_needs_no_repair(arch: str, tokenizer) -> None:
     engine = engine_with(arch, tokenizer, repair="none")
     prompt = "<s>" + passage(DOCS[1]) + QUESTION
     tokens = engine.tokenize(prompt)
-    assert tokens[0] == tokenizer.bos_token_id == engine._reuse.cache.anchor[0]
+    assert tokens[0] == tokenizer.bos_token_id == engine.inspect.passage_cache.anchor[0]
     torch.testing.assert_close(
         engine.first_token_logits(prompt), full_logits(engine, tokens), atol=1e-5, rtol=0
     )
@@ -189,13 +189,13 @@ def assembled(engine: KVBoost):
 
     prompt = engine._prompts.text(QUESTION, DOCS)
     n = len(prompt.tokens) - 1
-    cache = engine._reuse.cache
+    cache = engine.inspect.passage_cache
     prefix = cache.prefix(prompt.tokens[: prompt.passages[0].offset])
     found = cache.fetch(prefix, [p.tokens for p in prompt.passages])
     row = TensorRow(found.kv, n)
-    policy = ReusePolicy(engine._reuse.policy.repair)
+    policy = ReusePolicy(engine._caches.reuse.policy.repair)
     placed = policy.plan(prompt.tokens, prompt.passages, 0, prefix, [prefix] * len(DOCS))
-    engine._reuse.assemble(placed, found, row)
+    engine._caches.reuse.assemble(placed, found, row)
     spans = [(p.start, p.end) for p in prompt.passages]
     plan = RepairPlan(prompt.tokens, n, 0, spans, row.views(0, n))
     return prompt, plan
@@ -303,8 +303,8 @@ def test_recompute_mass_is_refused_where_nothing_would_read_it(settings) -> None
 
 
 def test_passage_keys_depend_on_the_model(tokenizer) -> None:
-    a = engine_with("llama", tokenizer)._reuse.cache
-    b = engine_with("qwen2", tokenizer)._reuse.cache
+    a = engine_with("llama", tokenizer).inspect.passage_cache
+    b = engine_with("qwen2", tokenizer).inspect.passage_cache
     assert a.key(a.prefix([1]), [5, 6, 7]) != b.key(b.prefix([1]), [5, 6, 7])
 
 

@@ -48,7 +48,7 @@ def test_the_passage_kv_is_the_full_prefill_kv(tokenizer) -> None:
     engine = engine_with("llama", tokenizer)
     prefix = engine.passage_prefix(prompt(HEAD, ["x"]))
     tokens = tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
-    cache = engine._reuse.cache
+    cache = engine.inspect.passage_cache
     ((_, stored),) = cache.encoder.encode(prefix, [tokens])
     with torch.no_grad():
         out = engine.model(torch.tensor([prefix + tokens]))
@@ -91,7 +91,7 @@ def test_unknown_prefix_borrows_the_nearest_variant_and_says_so(tokenizer) -> No
 
 def test_the_nearest_prefix_is_the_one_sharing_most_leading_tokens(tokenizer) -> None:
     engine = engine_with("llama", tokenizer)
-    cache = engine._reuse.cache
+    cache = engine.inspect.passage_cache
     close = cache.prefix(engine.passage_prefix(prompt(HEAD + "A\n", ["x"])))
     far = cache.prefix(engine.passage_prefix(prompt(OTHER_HEAD, ["x"])))
     engine.warm_passages(DOCS[:1], prefix=prompt(HEAD + "A\n", ["x"]))

@@ -253,7 +253,7 @@ def test_a_node_out_of_memory_refuses_writes_with_one_warning(
 
 
 def test_a_cluster_down_at_start_warns_once_and_serves_locally(cold: list[int]) -> None:
-    from kvboost_rag.bench.common.cluster_server import free_ports
+    from benchmarks.common.cluster_server import free_ports
 
     url = "redis-cluster://" + ",".join(f"127.0.0.1:{p}" for p in free_ports(3))
     engine = make_engine(url)  # the client connects on first use, not here

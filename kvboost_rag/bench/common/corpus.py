@@ -35,6 +35,8 @@ NAMES = [
     "Onyx",
     "Prairie",
 ]
+# What a LangChain RAG question starts with (load, benchmarks.rag.langchain_rag).
+QUESTION_PREFIX = "What do the documents say about this: "
 SYSTEM_PROMPT = "Answer the question using the documents. Reply with the code only."
 COLORS = ["Red", "Blue", "Green", "Silver", "Golden", "Black", "White", "Violet"]
 
@@ -75,6 +77,19 @@ def fact_passages(texts: list[str], seed: int) -> list[FactPassage]:
         head, _, rest = text.partition(". ")
         question = f"What is the access code for the {name} archive?"
         out.append(FactPassage(f"{head}. {fact} {rest}", question, str(code)))
+    return out
+
+
+def queries(pool: list[FactPassage], k: int, n: int, seed: int) -> list[tuple[list, FactPassage]]:
+    """``n`` queries of ``k`` pool passages: each pool passage in turn is the target,
+    among ``k - 1`` random others, in random order."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        target = pool[i % len(pool)]
+        docs = rng.sample([p for p in pool if p is not target], k - 1) + [target]
+        rng.shuffle(docs)
+        out.append((docs, target))
     return out
 
 

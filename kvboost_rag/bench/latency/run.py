@@ -248,7 +248,7 @@ def scenario(
 
 def _after_last_passage(base: KVBoost, docs: list[FactPassage], asked: FactPassage) -> int:
     """Tokens up to the end of the prompt's last passage."""
-    return base._prompts.chat(messages_for(docs, asked.question)).passages[-1].end
+    return base.inspect.prompt(messages_for(docs, asked.question)).passages[-1].end
 
 
 def record(args: argparse.Namespace) -> dict[str, Any]:

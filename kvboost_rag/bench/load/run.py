@@ -39,7 +39,7 @@ import torch
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
 from kvboost_rag.arguments import ArgumentParser, add_weights, dtype_name, positive
 from kvboost_rag.bench.common.baseline import write_report
-from kvboost_rag.bench.common.corpus import passages
+from kvboost_rag.bench.common.corpus import QUESTION_PREFIX, passages
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import Transcript, note
 from kvboost_rag.bench.load.report import SERIAL, draw, summarize, table
@@ -52,7 +52,6 @@ from kvboost_rag.bench.load.systems import (
     pipeline_system,
     same,
 )
-from kvboost_rag.bench.rag.langchain_rag import QUESTION_PREFIX
 from kvboost_rag.rag_setup import SYSTEM
 
 QUICK = {"levels": "1,2", "max_new_tokens": 8, "passages": 8, "chunk_tokens": 96, "k": 2}

@@ -28,9 +28,8 @@ import torch
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
-from kvboost_rag.bench.common.corpus import FactPassage, passages
+from kvboost_rag.bench.common.corpus import FactPassage, messages_for, passages, queries
 from kvboost_rag.bench.common.metrics import median
-from kvboost_rag.bench.rag import run as rag
 
 UNIT_TOKENS = 140
 
@@ -41,9 +40,9 @@ def units(engine: KVBoost) -> list[str]:
 
 def plain_prefill_tokens_per_s(engine: KVBoost, texts: list[str]) -> float:
     """The same passages through the same padded batches, model forward only."""
-    cache = engine._reuse.cache
-    assert cache is not None
-    pieces = engine._prompts.passages(texts)
+    cache = engine.inspect.passage_cache
+    assert cache is not None, "passage reuse is off"
+    pieces = engine.inspect.passages(texts)
     start = time.perf_counter()
     with torch.inference_mode():
         for batch in cache.encoder.batches(pieces):
@@ -58,12 +57,12 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
     pool = [FactPassage(t, "What is this passage about?", "") for t in units(engine)]
     disk, memory, full, hits = [], [], [], []
-    for docs, target in rag.queries(pool, 7, args.queries, seed=3):
-        first = engine.chat(rag.messages_for(docs, target.question), max_new_tokens=1)
+    for docs, target in queries(pool, 7, args.queries, seed=3):
+        first = engine.chat(messages_for(docs, target.question), max_new_tokens=1)
         hits.append(first.passages_hit / 7)
-        again = engine.chat(rag.messages_for(docs[::-1], target.question), max_new_tokens=1)
+        again = engine.chat(messages_for(docs[::-1], target.question), max_new_tokens=1)
         base = full_prefill(
-            engine.model, partial(engine.tokenize_chat, rag.messages_for(docs, target.question)), 1
+            engine.model, partial(engine.tokenize_chat, messages_for(docs, target.question)), 1
         )
         disk.append(first.ttft_ms)
         memory.append(again.ttft_ms)

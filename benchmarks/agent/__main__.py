@@ -1,0 +1,3 @@
+from benchmarks.agent.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.chat.run import main
+
+main()

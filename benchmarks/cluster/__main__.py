@@ -1,0 +1,3 @@
+from benchmarks.cluster.run import main
+
+main()

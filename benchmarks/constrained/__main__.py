@@ -1,0 +1,3 @@
+from benchmarks.constrained.run import main
+
+main()

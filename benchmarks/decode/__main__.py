@@ -1,0 +1,3 @@
+from benchmarks.decode.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.exactness.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.faults.run import main
+
+main()

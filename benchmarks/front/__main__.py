@@ -1,0 +1,3 @@
+from benchmarks.front.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.rag.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.remote.run import main
+
+main()

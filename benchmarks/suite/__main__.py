@@ -1,0 +1,3 @@
+from benchmarks.suite.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.tools.run import main
+
+main()

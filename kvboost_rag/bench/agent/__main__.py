@@ -1,3 +1,0 @@
-from kvboost_rag.bench.agent.run import main
-
-main()

@@ -1,3 +1,0 @@
-from kvboost_rag.bench.chat.run import main
-
-main()

@@ -1,3 +1,0 @@
-from kvboost_rag.bench.cluster.run import main
-
-main()

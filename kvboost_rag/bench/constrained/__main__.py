@@ -1,3 +1,0 @@
-from kvboost_rag.bench.constrained.run import main
-
-main()

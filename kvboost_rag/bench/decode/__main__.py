@@ -1,3 +1,0 @@
-from kvboost_rag.bench.decode.run import main
-
-main()

@@ -1,3 +1,0 @@
-from kvboost_rag.bench.exactness.run import main
-
-main()

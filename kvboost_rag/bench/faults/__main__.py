@@ -1,3 +1,0 @@
-from kvboost_rag.bench.faults.run import main
-
-main()

@@ -1,3 +1,0 @@
-from kvboost_rag.bench.front.run import main
-
-main()

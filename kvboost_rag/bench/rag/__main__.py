@@ -1,3 +1,0 @@
-from kvboost_rag.bench.rag.run import main
-
-main()

@@ -1,3 +1,0 @@
-from kvboost_rag.bench.remote.run import main
-
-main()

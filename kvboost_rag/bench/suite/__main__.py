@@ -1,3 +1,0 @@
-from kvboost_rag.bench.suite.run import main
-
-main()

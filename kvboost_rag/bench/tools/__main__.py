@@ -1,3 +1,0 @@
-from kvboost_rag.bench.tools.run import main
-
-main()
