@@ -10,7 +10,7 @@ LlamaIndex: ``FunctionAgent(initial_tool_choice=...)``); after that the model de
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -139,7 +139,7 @@ def run_llamaindex(engine: RecordingEngine, docs: list[Any], k: int, max_tokens:
     """LlamaIndex's ``FunctionAgent`` on ``KVBoostLLM``, one context, every question."""
     from llama_index.core import Document, VectorStoreIndex
     from llama_index.core.agent.workflow import FunctionAgent
-    from llama_index.core.tools import FunctionTool
+    from llama_index.core.tools import BaseTool, FunctionTool
     from llama_index.core.workflow import Context
 
     from kvboost_rag.integrations.llamaindex import KVBoostLLM, retriever_tool
@@ -152,7 +152,11 @@ def run_llamaindex(engine: RecordingEngine, docs: list[Any], k: int, max_tokens:
         "search_essays",
         "Search Paul Graham's essays; returns the most relevant passages.",
     )
-    tools = [search, *(FunctionTool.from_defaults(f) for f in calculator_functions())]
+    # FunctionAgent takes a list of BaseTool or plain functions (a list is invariant).
+    tools: list[BaseTool | Callable[..., Any]] = [
+        search,
+        *(FunctionTool.from_defaults(f) for f in calculator_functions()),
+    ]
     llm = KVBoostLLM(engine=engine, max_tokens=max_tokens)
     agent = FunctionAgent(
         tools=tools, llm=llm, system_prompt=SYSTEM, initial_tool_choice="search_essays"

@@ -43,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 
@@ -143,19 +144,23 @@ def tier_waits() -> Iterator[list[float]]:
     waits: list[float] = []
     send, thread = RemoteLink.pipeline, threading.get_ident()
 
-    def pipeline(link: RemoteLink, *args: Any, **kwargs: Any) -> list[Any]:
+    def pipeline(
+        link: RemoteLink,
+        command: str,
+        names: Sequence[bytes],
+        values: Sequence[bytes] | None = None,
+        bounded: bool = False,
+        write: bool = False,
+    ) -> list[Any]:
         start = time.perf_counter()
         try:
-            return send(link, *args, **kwargs)
+            return send(link, command, names, values, bounded, write)
         finally:
             if threading.get_ident() == thread:
                 waits.append(time.perf_counter() - start)
 
-    RemoteLink.pipeline = pipeline  # type: ignore[method-assign]
-    try:
+    with patch.object(RemoteLink, "pipeline", pipeline):
         yield waits
-    finally:
-        RemoteLink.pipeline = send  # type: ignore[method-assign]
 
 
 def measure(base: KVBoost, url: str, prompts: list[list[str]]) -> dict[str, Any]:

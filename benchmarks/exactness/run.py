@@ -78,7 +78,8 @@ def measure(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = base.model, base.tokenizer
     engine = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact", draft_tokens=0))
     asked = questions(tokenizer, args.requests)
-    rows, prompts = [], []
+    rows: list[dict[str, Any]] = []  # one JSON row per request
+    prompts: list[list[int]] = []
     start = time.perf_counter()
     for i, question in enumerate(asked):
         note(f"{dtype} request {i + 1}/{len(asked)}")

@@ -85,7 +85,9 @@ def write_corpus(url: str, count: int) -> None:
     while int(client.get(READY) or 0) < WRITERS and time.monotonic() < deadline:
         time.sleep(0.01)
     warm_corpus(engine, texts, progress=False)
-    print(json.dumps(asdict(engine.stats().remote)))  # type: ignore[call-overload]
+    remote = engine.stats().remote
+    assert remote is not None, "the engine was configured with a remote_url"
+    print(json.dumps(asdict(remote)))
 
 
 def _serve_damaged(

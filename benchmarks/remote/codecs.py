@@ -29,6 +29,7 @@ from kvboost_rag.bench.common.baseline import full_prefill
 from kvboost_rag.bench.common.corpus import FactPassage, messages_for, warm_prefix
 from kvboost_rag.bench.common.metrics import kl_div, median, p90
 from kvboost_rag.bench.common.transcript import note
+from kvboost_rag.core.choices import Fidelity
 from kvboost_rag.core.model.kv import LayerKV, kv_nbytes
 from kvboost_rag.core.reuse.passage_encoder import PassageEncoder
 from kvboost_rag.core.store import codec
@@ -84,9 +85,9 @@ def storage(base: KVBoost, name: str, entries: Stored) -> dict[str, Any]:
         encode_ms.append((middle - start) * 1e3)
         decode_ms.append((time.perf_counter() - middle) * 1e3)
     kvs = [kv for _, kv in entries]
-    tokens = sum(kv[0][0].shape[-2] for kv in kvs)
+    kv_tokens = sum(kv[0][0].shape[-2] for kv in kvs)
     return {
-        "computed_bytes_per_token": sum(map(kv_nbytes, kvs)) / tokens,
+        "computed_bytes_per_token": sum(map(kv_nbytes, kvs)) / kv_tokens,
         "stored_bytes_per_token": median([codec.stored_bytes_per_token(kv, name) for kv in kvs]),
         "encode_ms": median(encode_ms),
         "decode_ms": median(decode_ms),
@@ -96,17 +97,26 @@ def storage(base: KVBoost, name: str, entries: Stored) -> dict[str, Any]:
 
 
 def open_codec(
-    base: KVBoost, url: str, namespace: str, name: str, texts: Sequence[str], fidelity: str
+    base: KVBoost, url: str, namespace: str, name: str, texts: Sequence[str], fidelity: Fidelity
 ) -> CodecRun:
     """Warm ``texts`` under codec ``name`` into Redis and a fresh cache_dir; the reader and
     disk engines that serve from them."""
     note(f"warming the {len(texts)}-passage pool into Redis under codec {name}")
     folder = tempfile.mkdtemp(prefix=f"kvboost-codec-{name}-")
-    common = {"fidelity": fidelity, "kv_codec": name}
-    shared = {"remote_url": url, "remote_namespace": namespace}
-    writer = KVBoost(
-        base.model, base.tokenizer, KVBoostConfig(cache_dir=folder, **shared, **common)
-    )
+
+    def config(cache_dir: str | None, remote_url: str | None) -> KVBoostConfig:
+        """The codec's config over ``cache_dir`` and Redis (``namespace``) where given."""
+        if remote_url is None:
+            return KVBoostConfig(cache_dir=cache_dir, fidelity=fidelity, kv_codec=name)
+        return KVBoostConfig(
+            cache_dir=cache_dir,
+            remote_url=remote_url,
+            remote_namespace=namespace,
+            fidelity=fidelity,
+            kv_codec=name,
+        )
+
+    writer = KVBoost(base.model, base.tokenizer, config(folder, url))
     before = used_memory(url)
     warmed = warm_corpus(writer, texts, prefix=warm_prefix(), progress=False)
     remote = writer.stats().remote
@@ -118,8 +128,8 @@ def open_codec(
         "redis_used_bytes_per_token": (used_memory(url) - before) / warmed.tokens,
         "warm_tokens_per_s": warmed.tokens_per_s,
     }
-    reader = KVBoost(base.model, base.tokenizer, KVBoostConfig(**shared, **common))
-    disk = KVBoost(base.model, base.tokenizer, KVBoostConfig(cache_dir=folder, **common))
+    reader = KVBoost(base.model, base.tokenizer, config(None, url))
+    disk = KVBoost(base.model, base.tokenizer, config(folder, None))
     return CodecRun(name, namespace, folder, reader, disk, stored)
 
 

@@ -67,8 +67,14 @@ QUICK = {"units": 7, "queries": 1, "codec_queries": 1, "pool": 8, "rounds": 1}
 def warm_once(base: KVBoost, texts: list[str], url: str | None, namespace: str) -> dict[str, Any]:
     """``warm_corpus`` into a fresh cache_dir, and into ``namespace`` (empty) when ``url``."""
     folder = tempfile.mkdtemp(prefix="kvboost-warm-")
-    shared = {"remote_url": url, "remote_namespace": namespace} if url else {}
-    config = KVBoostConfig(cache_dir=folder, fidelity=base.config.fidelity, **shared)
+    fidelity = base.config.fidelity
+    config = (
+        KVBoostConfig(
+            cache_dir=folder, fidelity=fidelity, remote_url=url, remote_namespace=namespace
+        )
+        if url
+        else KVBoostConfig(cache_dir=folder, fidelity=fidelity)
+    )
     engine = KVBoost(base.model, base.tokenizer, config)
     before = used_memory(url) if url else 0
     report = warm_corpus(engine, texts, prefix=warm_prefix(), progress=False)

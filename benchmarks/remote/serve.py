@@ -10,9 +10,12 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 
@@ -24,6 +27,7 @@ from kvboost_rag.bench.common.metrics import median, p90
 from kvboost_rag.bench.common.transcript import note
 from kvboost_rag.bench.warm.run import UNIT_TOKENS
 from kvboost_rag.core import engine as engine_module
+from kvboost_rag.core.model.kv import LayerKV
 
 PASSAGES_PER_PROMPT = 7
 
@@ -62,19 +66,22 @@ def disjoint_queries(texts: list[str], n: int, seed: int) -> list[list[FactPassa
     return [pool[i * k : (i + 1) * k] for i in range(n)]
 
 
-def count_encoded(engine: KVBoost) -> list[int]:
-    """A counter of the passages ``engine`` encodes from now on (its encoder wrapped)."""
+@contextmanager
+def count_encoded(engine: KVBoost) -> Iterator[list[int]]:
+    """A counter of the passages ``engine`` encodes while inside (its encoder wrapped)."""
     cache = engine.inspect.passage_cache
     assert cache is not None, "passage reuse is off"
     encoder = cache.encoder
     original, counter = encoder.encode, [0]
 
-    def encode(prefix: Any, pieces: Any, batch_size: int | None = None) -> Any:
+    def encode(
+        prefix: Sequence[int], pieces: Sequence[Sequence[int]], batch_size: int | None = None
+    ) -> Iterator[tuple[int, LayerKV]]:
         counter[0] += len(pieces)
         return original(prefix, pieces, batch_size)
 
-    encoder.encode = encode  # type: ignore[method-assign]
-    return counter
+    with patch.object(encoder, "encode", encode):
+        yield counter
 
 
 def serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,20 +95,21 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         fidelity=args.fidelity,
     )
     engine = KVBoost.from_pretrained(args.model, dtype=args.dtype, config=config)
-    encoded = count_encoded(engine)
     ttft: dict[str, list[float]] = {"first": [], "again": [], "full": []}
     missed = foreign = hit = 0
     question = "What is this passage about?"
-    for docs in disjoint_queries(corpus_units(engine.tokenizer, args.units), args.queries, 3):
-        first = settle(engine).chat(messages_for(docs, question), max_new_tokens=1)
-        again = settle(engine).chat(messages_for(docs[::-1], question), max_new_tokens=1)
-        tokens = partial(engine.tokenize_chat, messages_for(docs, question))
-        ttft["full"].append(full_prefill(settle(engine).model, tokens, 1).ttft_ms)
-        ttft["first"].append(first.ttft_ms)
-        ttft["again"].append(again.ttft_ms)
-        hit += first.passages_hit
-        missed += first.passages_missed + again.passages_missed
-        foreign += first.passages_foreign + again.passages_foreign
+    units = corpus_units(engine.tokenizer, args.units)
+    with count_encoded(engine) as encoded:
+        for docs in disjoint_queries(units, args.queries, 3):
+            first = settle(engine).chat(messages_for(docs, question), max_new_tokens=1)
+            again = settle(engine).chat(messages_for(docs[::-1], question), max_new_tokens=1)
+            tokens = partial(engine.tokenize_chat, messages_for(docs, question))
+            ttft["full"].append(full_prefill(settle(engine).model, tokens, 1).ttft_ms)
+            ttft["first"].append(first.ttft_ms)
+            ttft["again"].append(again.ttft_ms)
+            hit += first.passages_hit
+            missed += first.passages_missed + again.passages_missed
+            foreign += first.passages_foreign + again.passages_foreign
     stats = engine.stats()
     return {
         "tier": "redis" if args.remote_url else "disk",

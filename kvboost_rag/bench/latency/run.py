@@ -57,8 +57,9 @@ from kvboost_rag.bench.common.corpus import (
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import Transcript, note
 from kvboost_rag.bench.latency.report import draw, summarize, table
+from kvboost_rag.core.choices import Fidelity
 
-FIDELITIES = ("exact", "balanced", "fast")
+FIDELITIES: tuple[Fidelity, ...] = ("exact", "balanced", "fast")
 QUICK = {"lengths": [1, 4], "requests": 1, "pool": 8, "chunk_tokens": 60}
 K = 4  # passages per prompt
 
@@ -196,7 +197,7 @@ def run_request(
 
 
 def build(base: KVBoost) -> tuple[dict[str, KVBoost], PrefixCacheHF]:
-    engines = {
+    engines: dict[str, KVBoost] = {
         f: KVBoost(base.model, base.tokenizer, KVBoostConfig(fidelity=f)) for f in FIDELITIES
     }
     return engines, PrefixCacheHF(base.model)

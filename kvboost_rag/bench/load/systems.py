@@ -42,8 +42,9 @@ def engine_system(engine: KVBoost, max_new_tokens: int) -> System:
         stream = engine.stream_chat(messages, max_new_tokens=max_new_tokens)
         ttft_ms, _ = first_token_ms(start, stream)
         end, result = time.perf_counter(), stream.result
-        ids = list(result.token_ids)  # type: ignore[attr-defined]
-        text = result.text  # type: ignore[attr-defined]
+        assert result is not None, "a drained stream holds its result"
+        ids = list(result.token_ids)
+        text = result.text
         return Timed(start, start + ttft_ms / 1e3, end, text, len(ids), ids)
 
     def run(batch: list[Messages]) -> list[Timed]:
