@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MAPPED = {"core": ROOT / "core", "integrations": ROOT / "integrations"}  # package-dir
 
 
-def main() -> int:
+def main(files: list[str] | None = None) -> int:
+    """mypy's exit status over the package and ``benchmarks/`` (or over ``files``, which
+    import the package as installed)."""
     with tempfile.TemporaryDirectory(prefix="kvboost-typecheck-") as folder:
         tree = Path(folder)
         package = tree / "kvboost_rag"
@@ -36,10 +38,10 @@ def main() -> int:
             sys.executable, "-m", "mypy",
             "--config-file", str(ROOT / "pyproject.toml"),
             "--cache-dir", str(ROOT / ".mypy_cache"),
-            *packages,
+            *(files or packages),
         ]  # fmt: skip
         return subprocess.run(command, cwd=tree).returncode
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:] or None))

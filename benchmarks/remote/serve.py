@@ -72,15 +72,13 @@ def count_encoded(engine: KVBoost) -> Iterator[list[int]]:
     cache = engine.inspect.passage_cache
     assert cache is not None, "passage reuse is off"
     encoder = cache.encoder
-    original, counter = encoder.encode, [0]
+    original, counter = encoder.encode_batch, [0]
 
-    def encode(
-        prefix: Sequence[int], pieces: Sequence[Sequence[int]], batch_size: int | None = None
-    ) -> Iterator[tuple[int, LayerKV]]:
-        counter[0] += len(pieces)
-        return original(prefix, pieces, batch_size)
+    def encode_batch(prefix: Sequence[int], pieces: Sequence[Sequence[int]]) -> list[LayerKV]:
+        counter[0] += len(pieces)  # every passage encode goes through one such forward
+        return original(prefix, pieces)
 
-    with patch.object(encoder, "encode", encode):
+    with patch.object(encoder, "encode_batch", encode_batch):
         yield counter
 
 

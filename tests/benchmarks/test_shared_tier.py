@@ -49,3 +49,19 @@ def test_recorded_cluster_runs_batch_spread_and_serve_nothing_wrong() -> None:
     rows = json.loads((bench / "faults-cluster.json").read_text())["rows"]
     assert len(rows) >= 5 and all(r["wrong"] == 0 and not r["raised"] for r in rows)
     assert all(r["completed"] == r["attempted"] and r["warnings"] <= 1 for r in rows)
+
+
+def test_the_encode_counter_counts_every_passage_encoded(tokenizer) -> None:
+    """The remote study's "0 passages encoded" means something: its counter sees each
+    passage the engine encodes (it once wrapped a method the engine no longer called)."""
+    from conftest import make_model
+
+    from benchmarks.remote.serve import count_encoded
+    from kvboost_rag import KVBoost, KVBoostConfig
+
+    engine = KVBoost(make_model("llama"), tokenizer, KVBoostConfig(block_tokens=8))
+    texts = [f"Passage {i}: the {w} crossed the river at dawn." for i, w in enumerate("abc")]
+    with count_encoded(engine) as encoded:
+        engine.warm_passages(texts)
+        engine.generate("Question?", passages=texts[:2], max_new_tokens=2)  # both cached
+    assert encoded == [3]
