@@ -31,9 +31,7 @@ import argparse
 import copy
 import os
 import random
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,12 +39,11 @@ import torch
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
 from kvboost_rag.arguments import (
     ArgumentParser,
-    add_weights,
     dtype_name,
     positive,
     positive_list,
 )
-from kvboost_rag.bench.common.baseline import TokenCollector, write_report
+from kvboost_rag.bench.common.baseline import TokenCollector
 from kvboost_rag.bench.common.corpus import (
     FactPassage,
     fact_passages,
@@ -54,8 +51,9 @@ from kvboost_rag.bench.common.corpus import (
     passages,
     warm_prefix,
 )
+from kvboost_rag.bench.common.runs import parse_common, run_and_write
 from kvboost_rag.bench.common.systems import machine
-from kvboost_rag.bench.common.transcript import Transcript, note
+from kvboost_rag.bench.common.transcript import note
 from kvboost_rag.bench.latency.report import draw, summarize, table
 from kvboost_rag.core.choices import Fidelity
 
@@ -286,29 +284,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=positive, default=4, help="requests per scenario/length")
     parser.add_argument("--pool", type=positive, default=24, help="passages in the warm pool")
     parser.add_argument("--chunk-tokens", type=positive, default=200, help="tokens per passage")
-    add_weights(parser)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=positive, default=None, help="default: all cores")
-    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
-    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
-    args = parser.parse_args(argv)
-    if args.quick:
-        vars(args).update(QUICK)
-    args.argv = sys.argv[1:] if argv is None else list(argv)
-    return args
+    return parse_common(parser, argv, QUICK)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    report = record(args)
-    transcript = Transcript()
-    for line in table(report).splitlines():
-        transcript.say(line)
-    dtype = report["machine"]["dtype"] + (f"-{args.weights}" if args.weights else "")
-    write_report(args.out, f"latency-{dtype}.json", report)
-    (args.out / f"latency-{dtype}.txt").write_text(transcript.text())
-    draw(report, args.out / f"latency-{dtype}.png")
+    run_and_write("latency", parse(argv), record, table, draw)
 
 
 if __name__ == "__main__":
