@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,15 +25,18 @@ from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.inspection import Inspection
 from kvboost_rag.core.model import measurements
+from kvboost_rag.core.model.blocks import use_blocks
 from kvboost_rag.core.model.loading import (
     check_device,
     check_dtype,
     check_model_kwargs,
+    default_cache_root,
     default_dtype,
+    gguf_source,
     load_model,
     resolve_model_path,
 )
-from kvboost_rag.core.model.quantized import check_weights, quantize
+from kvboost_rag.core.model.quantized import check_weights, quantize, weights_for
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.requests import Requests
@@ -132,10 +136,16 @@ class KVBoost:
             raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
         dev = check_device(device)
         chosen = check_dtype(dtype) or default_dtype(dev)
-        kind = check_weights(weights, dev)
-        path = resolve_model_path(model, gguf_file=model_kwargs.pop("gguf_file", None))
+        checked = check_weights(weights, dev)
+        gguf_file = model_kwargs.pop("gguf_file", None)
+        path = resolve_model_path(model, gguf_file=gguf_file)
+        source = gguf_source(model, gguf_file=gguf_file)
+        kind = weights_for(checked, dev, source is not None)
         hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
-        if kind is not None:
+        if kind == "gguf":
+            assert source is not None
+            use_blocks(hf_model, Path(path), source, default_cache_root())
+        elif kind is not None:
             quantize(hf_model, kind)
         engine = cls(hf_model, tokenizer, config)
         engine.name = model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import torch
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import UnknownModelError
-from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, converted_checkpoint
+from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, converted_checkpoint, gguf_path
 from kvboost_rag.core.model.gguf import converted_folder, is_gguf
 
 
@@ -158,6 +158,21 @@ def resolve_model_path(
         f"unknown model {name!r}: no such file or folder, and not an embedded alias "
         f"{sorted(EMBEDDED_MODELS)} nor a Hugging Face id like 'org/name'"
     )
+
+
+def gguf_source(
+    name: str, cache_root: Path | None = None, gguf_file: str | None = None
+) -> Callable[[], Path] | None:
+    """For a model ``resolve_model_path`` took from a GGUF (an embedded alias, a GGUF file,
+    ``gguf_file=``), what gives that file (an alias's is assembled only when asked); None for
+    any other model."""
+    root = cache_root or default_cache_root()
+    if gguf_file is not None:
+        return lambda: _gguf_in(name, gguf_file)
+    if name.lower() in EMBEDDED_MODELS:
+        return lambda: gguf_path(name.lower(), root)
+    path = Path(name).expanduser()
+    return (lambda: path) if path.is_file() and is_gguf(path) else None
 
 
 def _model_folder(folder: Path, name: str) -> Path:

@@ -46,8 +46,11 @@ import torch.nn.functional as F
 
 from kvboost_rag.core.model.packed import median_seconds
 
-Weights = Literal["int8", "int4", "int8-dynamic"]
+Weights = Literal["int8", "int4", "int8-dynamic", "gguf", "dense"]
 WEIGHTS: tuple[str, ...] = get_args(Weights)
+# Quantized here from float weights (min/max rounding); "gguf" keeps a GGUF file's own blocks
+# (``blocks.py``) and "dense" its dequantized float weights.
+REQUANTIZED = ("int8", "int4", "int8-dynamic")
 GROUPS = (128, 64, 32)  # int4 group sizes, largest first: the first that divides a layer's inputs
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)  # where the kernel may still beat a dense product
 DTYPES = (torch.bfloat16, torch.float32)
@@ -61,7 +64,7 @@ def check_weights(weights: object, device: torch.device) -> str | None:
             f"weights must be one of {', '.join(map(repr, WEIGHTS))} or None (the "
             f"checkpoint's own), got {weights!r}"
         )
-    if weights is not None and device.type != "cpu":
+    if weights not in (None, "dense") and device.type != "cpu":
         raise ValueError(
             f"weights={weights!r} runs on a CPU; on a GPU install the 'awq' extra and load "
             "an AWQ checkpoint"
@@ -72,6 +75,27 @@ def check_weights(weights: object, device: torch.device) -> str | None:
             "weights='int8' runs everywhere"
         )
     return weights  # type: ignore[return-value]
+
+
+def weights_for(weights: str | None, device: torch.device, from_gguf: bool) -> str | None:
+    """What a model's linear layers are stored as: ``weights`` as checked by ``check_weights``,
+    and for None the default: a GGUF file's own blocks on a CPU the block kernel runs on,
+    else the checkpoint's float weights. ``ValueError`` for "gguf" where it cannot be."""
+    from kvboost_rag.core.model import block_kernel
+
+    if weights == "gguf":
+        if not from_gguf:
+            raise ValueError(
+                "weights='gguf' keeps a GGUF file's own blocks: load a GGUF file or an embedded "
+                "alias, or pick 'int8' / 'int4' to quantize a float checkpoint"
+            )
+        reason = block_kernel.missing()
+        if reason:
+            raise ValueError(f"weights='gguf' needs the block kernel, which cannot run: {reason}")
+        return "gguf"
+    if weights is None and from_gguf and device.type == "cpu" and block_kernel.available():
+        return "gguf"
+    return None if weights == "dense" else weights
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -252,7 +276,14 @@ def row_cost(model: Any) -> Callable[[int], float] | None:
     ``rows`` rows takes (their products', as measured at load; the drafts a lone decoding
     row verifies, ``generation/drafting.py``); None for a model without: a dense weight's
     few extra rows cost a step little on a CPU, a quantized kernel's grow with them."""
-    costs = next((m.costs for m in model.modules() if type(m) is QuantizedLinear and m.costs), None)
+    costs = next(
+        (
+            m.costs
+            for m in model.modules()
+            if isinstance(getattr(m, "costs", None), dict) and m.costs
+        ),
+        None,
+    )
     if costs is None:
         return None
 

@@ -1,0 +1,102 @@
+"""The CPU kernel for weights kept in a GGUF's blocks (``kernels/block_gemm.c``): built once
+per machine with the system's C compiler into the cache root, loaded with ctypes.
+
+No maintained CPU kernel multiplies many rows by 4-bit weights without dequantizing them
+(measured on this torch: ``_weight_int4pack_mm_for_cpu`` reads its weights once per input
+row, 2.8x a bf16 product at 512 rows; ``_dyn_quant_matmul_4bit`` is a reference loop off
+Arm; torchao's CPU layouts dequantize; IPEX has no build for this torch), so this module
+holds the one kernel of our own, tested against the dequantized product
+(``tests/model/test_blocks.py``). It needs AVX512 with VNNI (Xeon since Cascade Lake, AMD
+since Zen 4) and a C compiler; ``available()`` says why not where it cannot run, and the
+engine then keeps the checkpoint's float weights.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels") / "block_gemm.c"
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+
+_int, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+
+
+def missing() -> str | None:
+    """Why the kernel cannot run here (None: it can)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"it runs on x86-64 Linux, not {platform.system()} {platform.machine()}"
+    flags = _cpu_flags()
+    lacking = [f for f in CPU_FLAGS if f not in flags]
+    if lacking:
+        return f"this CPU lacks {', '.join(lacking)}"
+    if _compiler() is None:
+        return "no C compiler (cc / gcc) on PATH to build it"
+    return None
+
+
+def available() -> bool:
+    return missing() is None
+
+
+def version() -> str:
+    """What names the kernel's numerics and layouts: its source and flags (a key part of
+    the packed weights cached on disk)."""
+    digest = hashlib.blake2b(SOURCE.read_bytes() + " ".join(FLAGS).encode(), digest_size=6)
+    return digest.hexdigest()
+
+
+@cache
+def library(cache_root: Path) -> ctypes.CDLL:
+    """The built kernel (built into ``cache_root/kernels`` the first time)."""
+    reason = missing()
+    if reason:
+        raise RuntimeError(f"the GGUF block kernel cannot run: {reason}")
+    built = cache_root / "kernels" / f"block_gemm-{version()}.so"
+    if not built.exists():
+        _build(built)
+    lib = ctypes.CDLL(str(built))
+    lib.quantize_rows.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int]
+    lib.block_gemm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _int, _ptr, _ptr, _ptr, _int,
+                               _int, _ptr, _ptr, _int, _i64, _int]  # fmt: skip
+    return lib
+
+
+def _build(target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
+    os.close(fd)
+    command = [str(_compiler()), *FLAGS, "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"building the GGUF block kernel failed: {done.stderr[-1500:]}")
+    os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
+
+
+def _compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+@cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((row for row in text.splitlines() if row.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def threads() -> int:
+    return torch.get_num_threads()

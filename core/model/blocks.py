@@ -1,0 +1,238 @@
+"""Linear layers on a GGUF file's own quantized blocks: ``from_pretrained(weights="gguf")``,
+the default for a GGUF (and the embedded aliases) on a CPU the kernel runs on.
+
+A 4-bit file stays 4-bit and an 8-bit one 8-bit, each level as the file holds it
+(``gguf_blocks.py``), packed once for ``kernels/block_gemm.c``, which multiplies any number of
+rows by them without dequantizing (``block_kernel.py``). Every row count takes the same
+kernel, so a decoding step, a warmed request's tail and a prefill read the same weights and a
+row's output does not depend on the rows beside it. The packed tensors are cached beside the
+converted checkpoint (``blocks-<kernel version>.safetensors``), so a later start reads them
+instead of the GGUF.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvboost_rag.core.model import block_kernel
+from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
+
+log = logging.getLogger(__name__)
+
+
+class BlockLinear(torch.nn.Module):
+    """A ``nn.Linear``'s product on a GGUF tensor's blocks (the float weight is not kept)."""
+
+    q: torch.Tensor  # the kernel's layout (block_gemm.c)
+    scale: torch.Tensor
+    mins: torch.Tensor
+
+    def __init__(
+        self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, cache_root: Path
+    ):
+        super().__init__()
+        info = packed["info"].tolist()
+        self.out_features, self.in_features, self.zero, self.bits, self.group = info
+        self.register_buffer("q", packed["q"])
+        self.register_buffer("scale", packed["scale"])
+        self.register_buffer("mins", packed.get("mins", torch.empty(0, dtype=torch.float16)))
+        self.register_buffer("info", packed["info"])
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), False)
+        self.cache_root = cache_root  # where the built kernel is (not the library: deep copies)
+        block_kernel.library(cache_root)  # built now, not in a request
+
+    @property
+    def kind(self) -> str:
+        return f"int{self.bits}-gguf"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        dtype = flat.dtype if flat.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        flat = flat.to(dtype).contiguous()
+        rows, groups = flat.shape[0], self.in_features // self.group
+        xq = torch.empty(rows, self.in_features, dtype=torch.int8)
+        xs = torch.empty(rows, groups, dtype=torch.float32)
+        xsum = torch.empty(rows, groups, dtype=torch.int32)
+        out = torch.empty(rows, self.out_features, dtype=dtype)
+        bf16, threads = int(dtype == torch.bfloat16), block_kernel.threads()
+        lib, mins = block_kernel.library(self.cache_root), self.mins.data_ptr() if self.mins.numel() else None
+        lib.quantize_rows(flat.data_ptr(), bf16, rows, self.in_features, self.group,
+                          xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), threads)  # fmt: skip
+        lib.block_gemm(
+            xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), rows, self.in_features, self.group,
+            self.q.data_ptr(), self.scale.data_ptr(), mins,
+            self.zero, self.bits, None if self.bias is None else self.bias.data_ptr(),
+            out.data_ptr(), bf16, self.out_features, threads,
+        )  # fmt: skip
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight the blocks stand for ([out, in], ``dtype``)."""
+        return unpack(self.q, self.scale, self.mins, self.info).to(dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"weights={self.kind}, group={self.group}"
+        )
+
+
+def supports(rows: int, inputs: int, lv_group: int) -> bool:
+    return rows % 16 == 0 and inputs % max(8, lv_group) == 0
+
+
+def pack(lv: Levels) -> dict[str, torch.Tensor]:
+    """The kernel's layout of ``lv`` (``block_gemm.c`` names it)."""
+    rows, inputs = lv.q.shape
+    q = torch.from_numpy(np.ascontiguousarray(lv.q))
+    if lv.bits == 8:
+        q = q.view(rows // 16, 16, inputs // 4, 4).permute(0, 2, 1, 3)
+    else:
+        q = q.view(rows // 16, 16, inputs // 8, 2, 4)
+        q = (q[..., 0, :] | (q[..., 1, :] << 4)).permute(0, 2, 1, 3)
+    out = {
+        "q": q.contiguous(),
+        "scale": _by_block(lv.scale),
+        "info": torch.tensor([rows, inputs, lv.zero, lv.bits, lv.group], dtype=torch.int64),
+    }
+    if lv.mins is not None:
+        out["mins"] = _by_block(lv.mins)
+    return out
+
+
+def _by_block(per_row: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(per_row))
+    return t.view(t.shape[0] // 16, 16, -1).permute(0, 2, 1).contiguous()
+
+
+def unpack(
+    q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor, info: torch.Tensor
+) -> torch.Tensor:
+    """float32 [out, in]: ``pack``'s inverse, dequantized."""
+    rows, inputs, zero, bits, group = info.tolist()
+    if bits == 8:
+        levels_ = q.permute(0, 2, 1, 3).reshape(rows, inputs)
+    else:
+        nib = q.permute(0, 2, 1, 3)  # [rows/16, 16, inputs/8, 4]
+        levels_ = torch.stack([nib & 0x0F, nib >> 4], 3).reshape(rows, inputs)
+    per_row = lambda t: t.permute(0, 2, 1).reshape(rows, -1).float().repeat_interleave(group, 1)  # noqa: E731
+    w = per_row(scale) * (levels_.float() - zero)
+    return w + per_row(mins) if mins.numel() else w
+
+
+def cache_file(folder: Path) -> Path:
+    """Where a converted checkpoint's packed blocks are kept, named by the kernel's version."""
+    return folder / f"blocks-{block_kernel.version()}.safetensors"
+
+
+def use_blocks(model: Any, folder: Path, gguf: Any, cache_root: Path) -> list[BlockLinear]:
+    """Replace ``model``'s linear layers whose GGUF tensors are in a block format with
+    ``BlockLinear``s (the others stay as they are), from ``folder``'s cache of packed blocks
+    or, the first time, from the GGUF file ``gguf()`` returns (then cached); the new layers.
+    A tensor whose levels do not give the loaded weight back (a layout this reader does not
+    know) is left dense, with a warning."""
+    from safetensors.torch import load_file
+
+    cached = cache_file(folder)
+    packed = _split(load_file(cached)) if cached.exists() else _from_gguf(model, Path(gguf()))
+    if not cached.exists() and packed:
+        _save(packed, cached)
+    text = model.config.get_text_config()
+    if text.tie_word_embeddings and any(n == _head_name(model) for n in packed):
+        text.tie_word_embeddings = False  # the head gets its blocks; the embedding table stays
+    layers = []
+    for name, tensors in packed.items():
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        linear = getattr(owner, attr)
+        layer = BlockLinear(tensors, linear.bias, cache_root)
+        setattr(owner, attr, layer)
+        layers.append(layer)
+    return layers
+
+
+def _head_name(model: Any) -> str:
+    head = model.get_output_embeddings()
+    return next(n for n, m in model.named_modules() if m is head)
+
+
+def _from_gguf(model: Any, gguf: Path) -> dict[str, dict[str, torch.Tensor]]:
+    from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+
+    reader = GGUFReader(gguf)
+    arch_name = str(reader.fields["general.architecture"].contents())
+    arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
+    text = model.config.get_text_config()
+    names = get_tensor_name_map(arch, text.num_hidden_layers)
+    tensors = {t.name: t for t in reader.tensors}
+    head = _head_name(model)
+    packed = {}
+    for name, linear in model.named_modules():
+        if type(linear) is not torch.nn.Linear:
+            continue
+        found = names.get_name(name)
+        key = f"{found}.weight" if found else None
+        if name == head and key not in tensors:
+            key = "token_embd.weight"  # a tied head: the file holds the embedding table only
+        tensor = tensors.get(key) if key else None
+        if tensor is None or tensor.tensor_type.name not in FORMATS:
+            continue
+        lv = levels(np.asarray(tensor.data), tensor.tensor_type.name, linear.in_features)
+        if arch_name == "llama" and found and found.endswith(("attn_q", "attn_k")):
+            heads = text.num_attention_heads if found.endswith("q") else text.num_key_value_heads
+            lv = _unpermuted(lv, heads)
+        if not supports(*lv.q.shape, lv.group) or lv.q.shape != tuple(linear.weight.shape):
+            continue
+        if not _matches(lv, linear.weight):
+            log.warning(
+                "%s: the GGUF's %s levels do not give the loaded weight; left dense", name, key
+            )
+            continue
+        packed[name] = pack(lv)
+    return packed
+
+
+def _unpermuted(lv: Levels, heads: int) -> Levels:
+    """llama.cpp stores Llama's q/k rows interleaved per head (its RoPE pairs neighbours);
+    the rows in transformers' order (what its GGUF loader undoes)."""
+    rows = lv.q.shape[0]
+    order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+    # transformers' w.reshape(h, d, 2, ...).swapaxes(2, 1): its row i is the file's order[i]
+    take = lambda a: None if a is None else a[order]  # noqa: E731
+    return lv._replace(q=lv.q[order], scale=lv.scale[order], mins=take(lv.mins))
+
+
+def _matches(lv: Levels, weight: torch.Tensor, samples: int = 8) -> bool:
+    """Whether sampled rows of the levels dequantize to the loaded weight (to its dtype's
+    rounding and fp16 scales')."""
+    rows = np.linspace(0, lv.q.shape[0] - 1, samples).astype(np.int64)
+    sample = lv._replace(
+        q=lv.q[rows], scale=lv.scale[rows], mins=None if lv.mins is None else lv.mins[rows]
+    )
+    ours = torch.from_numpy(dequantized(sample))
+    loaded = weight.detach()[torch.from_numpy(rows)].float()
+    tolerance = 2**-7 * loaded.abs().amax(1, keepdim=True) + 1e-6
+    return bool(((ours - loaded).abs() <= tolerance).all())
+
+
+def _save(packed: dict[str, dict[str, torch.Tensor]], target: Path) -> None:
+    from safetensors.torch import save_file
+
+    flat = {f"{name}|{part}": t for name, parts in packed.items() for part, t in parts.items()}
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    save_file(flat, str(tmp))
+    os.replace(tmp, target)  # atomic: a concurrent start reads a whole file or none
+
+
+def _split(flat: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    packed: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in flat.items():
+        name, _, part = key.rpartition("|")
+        packed.setdefault(name, {})[part] = t
+    return packed
