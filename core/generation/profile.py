@@ -30,6 +30,8 @@ import torch
 
 from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.attention import steered
+from kvboost_rag.core.model.blocks import BlockLinear
+from kvboost_rag.core.model.footprint import step_bytes
 from kvboost_rag.core.model.hf_compat import attention_implementation, cpu_flash_attention
 from kvboost_rag.core.model.quantized import QuantizedLinear
 
@@ -48,6 +50,7 @@ class SpeedProfile:
     attention: str  # the engine model's attention, and what its forwards may take
     compiled_step: str  # "on", "off", or "eager: why"
     drafts: str  # the rule a lone row's drafts follow
+    step_bytes: int  # weights' bytes a one-row step reads (``footprint.step_bytes``)
 
 
 def speed_profile(batch: Batch) -> SpeedProfile:
@@ -57,7 +60,7 @@ def speed_profile(batch: Batch) -> SpeedProfile:
     layers = linears.engine_layers(model)
     table = layers[0].table if layers else ()
     ways = {n: table[n] for n in linears.CANDIDATES if table and table[n] != linears.PLAIN}
-    kinds = {m.kind for m in model.modules() if isinstance(m, QuantizedLinear)}
+    kinds = {m.kind for m in model.modules() if isinstance(m, (QuantizedLinear, BlockLinear))}
     correct, faster = runner.head._correct, runner.head._faster
     head = (
         "not checked yet" if correct is None else "packed" if correct and faster else "model's head"
@@ -82,4 +85,5 @@ def speed_profile(batch: Batch) -> SpeedProfile:
         attention=attention,
         compiled_step=runner.compiled.state,
         drafts=rule,
+        step_bytes=step_bytes(model),
     )

@@ -61,7 +61,10 @@ class BlockLinear(torch.nn.Module):
         xsum = torch.empty(rows, groups, dtype=torch.int32)
         out = torch.empty(rows, self.out_features, dtype=dtype)
         bf16, threads = int(dtype == torch.bfloat16), block_kernel.threads()
-        lib, mins = block_kernel.library(self.cache_root), self.mins.data_ptr() if self.mins.numel() else None
+        lib, mins = (
+            block_kernel.library(self.cache_root),
+            self.mins.data_ptr() if self.mins.numel() else None,
+        )
         lib.quantize_rows(flat.data_ptr(), bf16, rows, self.in_features, self.group,
                           xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), threads)  # fmt: skip
         lib.block_gemm(

