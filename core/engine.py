@@ -123,10 +123,11 @@ class KVBoost:
 
         ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
         hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
-        available). ``weights``: "int8", "int4" or "int8-dynamic" stores the linear layers'
-        weights quantized (CPU only: a decoding step reads a half or a quarter of the bytes;
-        "int8-dynamic" quantizes each input row to int8 too; see ``model/quantized.py``),
-        None keeps the checkpoint's. ``config``: how the engine caches (``KVBoostConfig``).
+        available). ``weights``: how the linear layers' weights are stored. None (default): a
+        GGUF's (and an alias's) own 4- or 8-bit blocks on a CPU that runs their kernel
+        (``model/blocks.py``), else the checkpoint's; "gguf" asks for the blocks, "dense"
+        for the float weights; "int8", "int4" or "int8-dynamic" quantize float weights (CPU
+        only; "int8-dynamic" quantizes each input row to int8 too: ``model/quantized.py``). ``config``: how the engine caches (``KVBoostConfig``).
         Other keyword arguments go to transformers' ``from_pretrained`` (``device_map``,
         ``attn_implementation``, ...). Every argument is checked before anything loads:
         ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``

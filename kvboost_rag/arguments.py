@@ -139,14 +139,18 @@ def weights_list(text: str) -> list[str | None]:
     return picked
 
 
+WEIGHTS_HELP = (
+    "how the linear weights are stored: gguf (a GGUF file's own 4/8-bit blocks, the default "
+    "for a GGUF or alias on an AVX512-VNNI CPU), dense (float), or int8 / int4 / int8-dynamic "
+    "(quantized from float weights; CPU)"
+)
+
+
 def add_weights(parser: argparse.ArgumentParser) -> None:
-    """``--weights int8|int4|int8-dynamic``: the model's linear weights stored quantized (the
-    checkpoint's when not given), as ``KVBoost.from_pretrained(weights=)`` takes them."""
-    parser.add_argument(
-        "--weights",
-        choices=list(WEIGHTS),
-        help="the model's linear weights stored quantized (default: the checkpoint's)",
-    )
+    """``--weights``: how the model's linear weights are stored, as
+    ``KVBoost.from_pretrained(weights=)`` takes it (default there: a GGUF's own blocks on a
+    CPU that runs their kernel, else the checkpoint's float weights)."""
+    parser.add_argument("--weights", choices=list(WEIGHTS), help=WEIGHTS_HELP)
 
 
 def dtype_list(text: str) -> list[str]:

@@ -25,13 +25,13 @@ from kvboost_rag.arguments import (
     ArgumentParser,
     BadUsage,
     CommandFailed,
+    add_weights,
     between,
     dtype_name,
     one_line,
     positive,
     say,
 )
-from kvboost_rag.core.model.quantized import WEIGHTS
 
 PROG = "kvboost-rag"
 SIGINT_STATUS = 130  # a shell's status for a program ended by Ctrl-C
@@ -177,11 +177,7 @@ def parser() -> ArgumentParser:
     # folder works
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
-    p.add_argument(
-        "--weights",
-        choices=list(WEIGHTS),
-        help="store the linear weights quantized (CPU; default: the checkpoint's)",
-    )
+    add_weights(p)
     p.add_argument("--chunks", type=positive, default=96, help="essay chunks to index and warm")
     p.add_argument("--chunk-tokens", type=positive, default=200)
     p.add_argument("--questions", type=between(1, len(_questions())), default=3)

@@ -13,6 +13,7 @@ from typing import Any
 from kvboost_rag.arguments import (
     BadUsage,
     CommandFailed,
+    add_weights,
     at_least,
     between,
     cache_folder,
@@ -20,7 +21,6 @@ from kvboost_rag.arguments import (
     positive,
 )
 from kvboost_rag.core.config import FIDELITY_LEVELS
-from kvboost_rag.core.model.quantized import WEIGHTS
 
 API_KEY_VARIABLE = "KVBOOST_API_KEY"  # --api-key's default, so the key stays off `ps`
 
@@ -101,7 +101,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--served-model-name", help="the model name clients pass (default: MODEL)")
     s.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
     s.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when available)")
-    s.add_argument("--weights", choices=list(WEIGHTS), help="store the linear weights quantized")
+    add_weights(s)
     s.add_argument("--fidelity", default="balanced", choices=list(FIDELITY_LEVELS))
     s.add_argument("--cache-dir", type=cache_folder, help="the disk tier of passage KV")
     s.add_argument("--remote-url", help="the shared tier: redis://host:6379/0")

@@ -16,11 +16,11 @@ from kvboost_rag import serve_command
 from kvboost_rag.arguments import (
     BadUsage,
     CommandFailed,
+    add_weights,
     cache_folder,
     dtype_name,
     folder,
 )
-from kvboost_rag.core.model.quantized import WEIGHTS
 
 if TYPE_CHECKING:
     from kvboost_rag.core.results import WarmResult
@@ -219,11 +219,7 @@ def add_parser(sub: Any) -> None:
     )
     w.add_argument("--model", default="smollm2-135m-instruct")
     w.add_argument("--dtype", type=dtype_name, help="float32 or bfloat16 (default: auto)")
-    w.add_argument(
-        "--weights",
-        choices=list(WEIGHTS),
-        help="store the linear weights quantized (CPU; default: the checkpoint's)",
-    )
+    add_weights(w)
     w.add_argument("--fidelity", default="balanced", choices=["balanced", "fast"])
     layout = w.add_mutually_exclusive_group()
     layout.add_argument(
