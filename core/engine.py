@@ -127,8 +127,8 @@ class KVBoost:
         GGUF's (and an alias's) own 4- or 8-bit blocks on a CPU that runs their kernel
         (``model/blocks.py``), else the checkpoint's; "gguf" asks for the blocks, "dense"
         for the float weights; "int8", "int4" or "int8-dynamic" quantize float weights (CPU
-        only; "int8-dynamic" quantizes each input row to int8 too: ``model/quantized.py``). ``config``: how the engine caches (``KVBoostConfig``).
-        Other keyword arguments go to transformers' ``from_pretrained`` (``device_map``,
+        only; "int8-dynamic" quantizes each input row to int8 too: ``model/quantized.py``).
+        ``config``: how the engine caches (``KVBoostConfig``). Other keyword arguments go to transformers' ``from_pretrained`` (``device_map``,
         ``attn_implementation``, ...). Every argument is checked before anything loads:
         ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
         for the others."""

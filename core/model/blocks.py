@@ -22,6 +22,8 @@ import torch
 
 from kvboost_rag.core.model import block_kernel
 from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
+from kvboost_rag.core.model.packed import median_seconds
+from kvboost_rag.core.model.quantized import ROW_COUNTS
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ class BlockLinear(torch.nn.Module):
         self.register_buffer("mins", packed.get("mins", torch.empty(0, dtype=torch.float16)))
         self.register_buffer("info", packed["info"])
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), False)
+        self.costs: dict[int, float] = {}  # seconds per row count, once measured (``measure``)
         self.cache_root = cache_root  # where the built kernel is (not the library: deep copies)
         block_kernel.library(cache_root)  # built now, not in a request
 
@@ -149,7 +152,7 @@ def use_blocks(model: Any, folder: Path, gguf: Any, cache_root: Path) -> list[Bl
     text = model.config.get_text_config()
     if text.tie_word_embeddings and any(n == _head_name(model) for n in packed):
         text.tie_word_embeddings = False  # the head gets its blocks; the embedding table stays
-    layers = []
+    layers, head = [], _head_name(model)
     for name, tensors in packed.items():
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
@@ -157,7 +160,24 @@ def use_blocks(model: Any, folder: Path, gguf: Any, cache_root: Path) -> list[Bl
         layer = BlockLinear(tensors, linear.bias, cache_root)
         setattr(owner, attr, layer)
         layers.append(layer)
+    decoder = [layer for name, layer in zip(packed, layers) if name != head]
+    if decoder:
+        costs = measure(max(decoder, key=lambda m: m.in_features * m.out_features))
+        for layer in layers:
+            layer.costs = costs
     return layers
+
+
+def measure(layer: BlockLinear, repeats: int = 3) -> dict[int, float]:
+    """Seconds of ``layer``'s product per row count of ``ROW_COUNTS`` here: the kernel reads
+    the weights once for up to 8 rows, yet its arithmetic grows with every row, so a draft's
+    rows are not free (what ``quantized.row_cost`` gives drafting)."""
+    out = {}
+    with torch.inference_mode():
+        for count in ROW_COUNTS:
+            x = torch.randn(count, layer.in_features, dtype=torch.bfloat16)
+            out[count] = median_seconds(lambda x=x: layer(x), repeats)
+    return out
 
 
 def _head_name(model: Any) -> str:
