@@ -128,10 +128,10 @@ class KVBoost:
         (``model/blocks.py``), else the checkpoint's; "gguf" asks for the blocks, "dense"
         for the float weights; "int8", "int4" or "int8-dynamic" quantize float weights (CPU
         only; "int8-dynamic" quantizes each input row to int8 too: ``model/quantized.py``).
-        ``config``: how the engine caches (``KVBoostConfig``). Other keyword arguments go to transformers' ``from_pretrained`` (``device_map``,
-        ``attn_implementation``, ...). Every argument is checked before anything loads:
-        ``UnknownModelError`` for a model that is not there, ``ValueError`` / ``TypeError``
-        for the others."""
+        ``config``: how the engine caches (``KVBoostConfig``). Other keyword arguments go to
+        transformers' ``from_pretrained`` (``device_map``, ``attn_implementation``, ...).
+        Every argument is checked before anything loads: ``UnknownModelError`` for a model
+        that is not there, ``ValueError`` / ``TypeError`` for the others."""
         check_model_kwargs(model_kwargs)
         if config is not None and not isinstance(config, KVBoostConfig):
             raise TypeError(f"config must be a KVBoostConfig, got {type(config).__name__}")
