@@ -12,6 +12,7 @@ import pytest
 from conftest import make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.model.footprint import step_bytes
 from kvboost_rag.core.model.quantized import quantize
 
 CORE = Path(__file__).resolve().parents[2] / "core"
@@ -38,6 +39,15 @@ def test_measured_ways_and_quantized_weights_show(tokenizer: Any) -> None:
     quantize(model, "int8")
     profile = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))._handle.profile()
     assert profile.weights == "int8" and "quantized" in profile.drafts
+
+
+def test_the_bytes_a_step_reads_are_the_engine_models(tokenizer: Any) -> None:
+    model = make_model("llama")
+    dense = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))._handle.profile()
+    assert dense.step_bytes == step_bytes(model)
+    quantize(model, "int4")
+    profile = KVBoost(model, tokenizer, KVBoostConfig(fidelity="exact"))._handle.profile()
+    assert profile.step_bytes == step_bytes(model) < dense.step_bytes
 
 
 def test_an_eager_model_is_said_to_run_eager(tokenizer: Any) -> None:
