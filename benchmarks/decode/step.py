@@ -310,7 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     args = parser.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
-    base = KVBoost.from_pretrained(args.model, dtype=args.dtype)
+    # float weights: the study times the ways a dense product can run (a GGUF's blocks,
+    # the default on an AVX512-VNNI CPU, have one kernel: tests/model/test_blocks.py)
+    base = KVBoost.from_pretrained(args.model, dtype=args.dtype, weights="dense")
     rows: list[dict[str, Any]] = []
     parts: dict[str, Callable[[Any, int], list[dict[str, Any]]]] = {
         "whole": functools.partial(whole_step_rows, keys=args.keys),

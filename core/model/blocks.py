@@ -34,6 +34,7 @@ class BlockLinear(torch.nn.Module):
     q: torch.Tensor  # the kernel's layout (block_gemm.c)
     scale: torch.Tensor
     mins: torch.Tensor
+    info: torch.Tensor  # out, in, zero, bits, group
 
     def __init__(
         self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, cache_root: Path
@@ -210,7 +211,8 @@ def _from_gguf(model: Any, gguf: Path) -> dict[str, dict[str, torch.Tensor]]:
         if arch_name == "llama" and found and found.endswith(("attn_q", "attn_k")):
             heads = text.num_attention_heads if found.endswith("q") else text.num_key_value_heads
             lv = _unpermuted(lv, heads)
-        if not supports(*lv.q.shape, lv.group) or lv.q.shape != tuple(linear.weight.shape):
+        rows, inputs = lv.q.shape
+        if not supports(rows, inputs, lv.group) or (rows, inputs) != tuple(linear.weight.shape):
             continue
         if not _matches(lv, linear.weight):
             log.warning(
