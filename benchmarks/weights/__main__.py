@@ -1,0 +1,3 @@
+from benchmarks.weights.run import main
+
+main()

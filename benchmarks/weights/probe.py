@@ -1,0 +1,71 @@
+"""One measurement of ``benchmarks.weights`` in a process of its own; prints one JSON line.
+
+probe.py engine MODEL KIND | transformers MODEL | convert MODEL
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def memory() -> dict[str, int]:
+    status = Path("/proc/self/status").read_text().splitlines()
+    field = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in status if "kB" in line}
+    return {"rss": field["VmRSS"], "peak": field["VmHWM"]}
+
+
+def engine(model: str, kind: str) -> dict[str, float]:
+    from kvboost_rag import KVBoost
+
+    KVBoost.from_pretrained(model, weights=kind)  # the first start: what is cached, cached
+    start = time.perf_counter()
+    engine = KVBoost.from_pretrained(model, weights=kind)
+    seconds = time.perf_counter() - start
+    engine.chat([{"role": "user", "content": "Hi"}], max_new_tokens=2)  # a request runs
+    return {"start_s": seconds, **memory()}
+
+
+def transformers_start(model: str) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvboost_rag.core.model.loading import default_dtype, resolve_model_path
+
+    folder = resolve_model_path(model)
+    AutoModelForCausalLM.from_pretrained(folder)  # files in the page cache, as for the engine
+    start = time.perf_counter()
+    AutoTokenizer.from_pretrained(folder)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=default_dtype(torch.device("cpu")))
+    return {"start_s": time.perf_counter() - start, **memory()}
+
+
+def convert(model: str) -> dict[str, float]:
+    from kvboost_rag import KVBoost
+    from kvboost_rag.core.model.embedded import gguf_path
+    from kvboost_rag.core.model.loading import default_cache_root
+
+    gguf = gguf_path(model, default_cache_root())  # joined from its parts: not timed
+    start = time.perf_counter()
+    engine = KVBoost.from_pretrained(model)
+    seconds = time.perf_counter() - start
+    result = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
+    return {
+        "seconds": seconds,
+        "gguf_bytes": gguf.stat().st_size,
+        "result_bytes": result,
+        **memory(),
+    }
+
+
+if __name__ == "__main__":
+    what, model, *rest = sys.argv[1:]
+    found = {
+        "engine": lambda: engine(model, rest[0]),
+        "transformers": lambda: transformers_start(model),
+        "convert": lambda: convert(model),
+    }[what]()
+    print(json.dumps(found))

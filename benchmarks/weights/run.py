@@ -1,0 +1,94 @@
+"""Resident memory, start-up and conversion peak per weight kind, beside the GGUF's size.
+
+    python -m benchmarks.weights [--models qwen2.5-coder-0.5b-instruct,...]
+        [--weights gguf,dense,int8-dynamic,int4] [--out DIR]
+
+Each measurement runs in a process of its own (``probe.py``), so one kind's memory never
+counts in another's: ``KVBoost.from_pretrained(model, weights=...)`` started twice (the
+second start is the one reported: converted checkpoint, packed blocks and measurements on
+disk, as every start after the first), its resident set after the start (VmRSS) and its
+peak (VmHWM); transformers' own ``AutoModelForCausalLM.from_pretrained`` of the same
+converted folder in the same dtype, timed the same way (start-up's yardstick); and the
+conversion of the GGUF into a new cache root (GGUF to folder, then the first start of
+``weights="gguf"``, which packs the blocks), whose peak is set against the result's size.
+Prints the table and writes ``weights-<model>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvboost_rag.arguments import ArgumentParser
+from kvboost_rag.bench.common.baseline import write_report
+
+PROBE = Path(__file__).with_name("probe.py")
+GIB = 2**30
+
+
+def probe(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(PROBE), *args], capture_output=True, text=True, env=env, timeout=3600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"probe {args} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def record(model: str, kinds: list[str]) -> dict[str, Any]:
+    rows = {kind: probe("engine", model, kind) for kind in kinds}
+    rows["transformers"] = probe("transformers", model)
+    with tempfile.TemporaryDirectory() as root:
+        env = {**os.environ, "XDG_CACHE_HOME": root}
+        conversion = probe("convert", model, env=env)
+    return {
+        "command": "python -m benchmarks.weights " + " ".join(sys.argv[1:]),
+        "model": model,
+        "gguf_bytes": conversion["gguf_bytes"],
+        "rows": rows,
+        "conversion": conversion,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    gguf = report["gguf_bytes"]
+    lines = [
+        f"{report['model']}: GGUF {gguf / GIB:.2f} GiB",
+        "| weights | start-up (s) | resident after start (GiB) | x GGUF | peak (GiB) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind, row in report["rows"].items():
+        lines.append(
+            f"| {kind} | {row['start_s']:.1f} | {row['rss'] / GIB:.2f} | "
+            f"{row['rss'] / gguf:.2f} | {row['peak'] / GIB:.2f} |"
+        )
+    c = report["conversion"]
+    lines.append(
+        f"conversion (GGUF -> folder -> packed blocks, a new cache root): "
+        f"{c['seconds']:.0f} s, peak {c['peak'] / GIB:.2f} GiB against a result of "
+        f"{c['result_bytes'] / GIB:.2f} GiB ({c['peak'] / c['result_bytes']:.2f}x)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(prog="python -m benchmarks.weights", description=__doc__)
+    parser.add_argument("--models", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--weights", default="gguf,dense,int8-dynamic,int4")
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
+    args: argparse.Namespace = parser.parse_args(argv)
+    for model in args.models.split(","):
+        report = record(model, args.weights.split(","))
+        print(table(report))
+        report["table"] = table(report)
+        write_report(args.out, f"weights-{model}.json", report)
+
+
+if __name__ == "__main__":
+    main()
