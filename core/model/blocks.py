@@ -150,10 +150,10 @@ def use_blocks(model: Any, folder: Path, gguf: Any, cache_root: Path) -> list[Bl
     packed = _split(load_file(cached)) if cached.exists() else _from_gguf(model, Path(gguf()))
     if not cached.exists() and packed:
         _save(packed, cached)
-    text = model.config.get_text_config()
-    if text.tie_word_embeddings and any(n == _head_name(model) for n in packed):
+    text, head = model.config.get_text_config(), _head_name(model)
+    if text.tie_word_embeddings and head in packed:
         text.tie_word_embeddings = False  # the head gets its blocks; the embedding table stays
-    layers, head = [], _head_name(model)
+    layers = []
     for name, tensors in packed.items():
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
