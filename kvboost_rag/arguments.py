@@ -141,8 +141,8 @@ def weights_list(text: str) -> list[str | None]:
 
 WEIGHTS_HELP = (
     "how the linear weights are stored: gguf (a GGUF file's own 4/8-bit blocks, the default "
-    "for a GGUF or alias on an AVX512-VNNI CPU), dense (float), or int8 / int4 / int8-dynamic "
-    "(quantized from float weights; CPU)"
+    "for a GGUF or alias on an AVX512-VNNI CPU unless --dtype float32), dense (float), or "
+    "int8 / int4 / int8-dynamic (quantized from float weights; CPU)"
 )
 
 

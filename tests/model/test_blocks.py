@@ -98,6 +98,9 @@ def test_weights_default_to_a_gguf_s_blocks_on_a_cpu_only() -> None:
     assert weights_for(None, cpu, from_gguf=False) is None
     assert weights_for("dense", cpu, from_gguf=True) is None
     assert weights_for("int4", cpu, from_gguf=True) == "int4"
+    # fp32 asked for: float numerics (the blocks quantize each input to int8), unless asked
+    assert weights_for(None, cpu, from_gguf=True, float32=True) is None
+    assert weights_for("gguf", cpu, from_gguf=True, float32=True) == "gguf"
     with pytest.raises(ValueError, match="weights='gguf' keeps a GGUF file's own blocks"):
         weights_for("gguf", cpu, from_gguf=False)
 
@@ -110,7 +113,7 @@ def smollm2_or_skip() -> None:
 def test_a_llama_gguf_s_layers_are_its_levels_in_transformers_order(tmp_path: Path) -> None:
     smollm2_or_skip()
     dense = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32", weights="dense")
-    model = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32").model
+    model = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32", weights="gguf").model
     weights = {name: m.weight for name, m in dense.model.named_modules() if hasattr(m, "weight")}
     blocks = {name: m for name, m in model.named_modules() if isinstance(m, BlockLinear)}
     assert len(blocks) == 30 * 7 + 1  # every projection and the head
@@ -126,7 +129,8 @@ def test_blocks_are_cached_beside_the_checkpoint_and_read_from_there(
     folder = Path(resolve_model_path("smollm2-135m-instruct"))
     source = gguf_path("smollm2-135m-instruct", default_cache_root())
     model = KVBoost.from_pretrained("smollm2-135m-instruct", weights="dense").model
-    assert cache_file(folder).exists()  # written by an earlier load (the fixture's)
+    KVBoost.from_pretrained("smollm2-135m-instruct", weights="gguf")  # cached, if not yet
+    assert cache_file(folder).exists()
 
     def no_file() -> Path:
         raise AssertionError("the GGUF was read though its blocks are cached")
@@ -161,8 +165,10 @@ def test_levels_that_do_not_give_the_loaded_weight_leave_it_dense(
     assert "layers.3.mlp.up_proj" in caplog.text and "left dense" in caplog.text
 
 
-def test_an_engine_on_blocks_answers_as_generate_on_the_same_model(embedded: KVBoost) -> None:
-    assert any(isinstance(m, BlockLinear) for m in embedded.model.modules())
+def test_an_engine_on_blocks_answers_as_generate_on_the_same_model() -> None:
+    smollm2_or_skip()
+    embedded = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32", weights="gguf")
+    assert not any(type(m) is torch.nn.Linear for m in embedded.model.modules())
     assert "int4-gguf" in embedded.inspect.profile().weights
     messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
     ids = embedded.tokenize_chat(messages)
