@@ -125,8 +125,8 @@ def systems(
             KVBoost(model, tokenizer, warm), n, warm=True
         )
     found = {name: run for name, run in found.items() if name in args.systems}
-    if weights is not None:
-        return {f"{name}, {weights}": run for name, run in found.items()}
+    if weights is not None:  # the peers follow: they run with the first kind only
+        found = {f"{name}, {weights}": run for name, run in found.items()}
     files = _model_files(args.model)
     threads = {"threads": str(torch.get_num_threads())}
     if args.llama_cpp:
