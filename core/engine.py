@@ -123,12 +123,11 @@ class KVBoost:
 
         ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
         hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
-        available). ``weights``: how the linear layers' weights are stored. None (default): a
-        GGUF's (and an alias's) own 4- or 8-bit blocks on a CPU that runs their kernel
-        (``model/blocks.py``) unless ``dtype`` asks for float32, else the checkpoint's;
-        "gguf" asks for the blocks, "dense" for the float weights; "int8", "int4" or
-        "int8-dynamic" quantize float weights (CPU only; "int8-dynamic" quantizes each input
-        row to int8 too: ``model/quantized.py``).
+        available). ``weights``: how the linear layers' weights are stored: None or "dense", the
+        checkpoint's float weights; "gguf", a GGUF's (or an alias's) own 4- or 8-bit blocks on
+        a CPU that runs their kernel (``model/blocks.py``); "int8", "int4" or "int8-dynamic"
+        quantize float weights (CPU only; "int8-dynamic" quantizes each input row to int8
+        too: ``model/quantized.py``).
         ``config``: how the engine caches (``KVBoostConfig``). Other keyword arguments go to
         transformers' ``from_pretrained`` (``device_map``, ``attn_implementation``, ...).
         Every argument is checked before anything loads: ``UnknownModelError`` for a model
@@ -142,7 +141,7 @@ class KVBoost:
         gguf_file = model_kwargs.pop("gguf_file", None)
         path = resolve_model_path(model, gguf_file=gguf_file)
         source = gguf_source(model, gguf_file=gguf_file)
-        kind = weights_for(checked, dev, source is not None, check_dtype(dtype) == torch.float32)
+        kind = weights_for(checked, source is not None)
         hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
         if kind == "gguf":
             assert source is not None

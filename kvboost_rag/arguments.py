@@ -140,16 +140,15 @@ def weights_list(text: str) -> list[str | None]:
 
 
 WEIGHTS_HELP = (
-    "how the linear weights are stored: gguf (a GGUF file's own 4/8-bit blocks, the default "
-    "for a GGUF or alias on an AVX512-VNNI CPU unless --dtype float32), dense (float), or "
-    "int8 / int4 / int8-dynamic (quantized from float weights; CPU)"
+    "how the linear weights are stored: dense (float, the default), gguf (a GGUF file's own "
+    "4/8-bit blocks; an AVX512-VNNI CPU), or int8 / int4 / int8-dynamic (quantized from "
+    "float weights; CPU)"
 )
 
 
 def add_weights(parser: argparse.ArgumentParser) -> None:
     """``--weights``: how the model's linear weights are stored, as
-    ``KVBoost.from_pretrained(weights=)`` takes it (default there: a GGUF's own blocks on a
-    CPU that runs their kernel, else the checkpoint's float weights)."""
+    ``KVBoost.from_pretrained(weights=)`` takes it (default: the checkpoint's float weights)."""
     parser.add_argument("--weights", choices=list(WEIGHTS), help=WEIGHTS_HELP)
 
 

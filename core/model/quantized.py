@@ -77,14 +77,14 @@ def check_weights(weights: object, device: torch.device) -> str | None:
     return weights  # type: ignore[return-value]
 
 
-def weights_for(
-    weights: str | None, device: torch.device, from_gguf: bool, float32: bool = False
-) -> str | None:
-    """What a model's linear layers are stored as: ``weights`` as checked by ``check_weights``,
-    and for None the default: a GGUF file's own blocks on a CPU the block kernel runs on,
-    unless fp32 was asked for (``float32``: float numerics, what exactness is checked
-    against; the blocks quantize each input to int8), else the checkpoint's float weights.
-    ``ValueError`` for "gguf" where it cannot be."""
+def weights_for(weights: str | None, from_gguf: bool) -> str | None:
+    """What a model's linear layers are stored as: ``weights`` as checked by ``check_weights``
+    ("dense" and None: the checkpoint's float weights). ``ValueError`` for "gguf" where it
+    cannot be.
+
+    A GGUF's blocks are not the default yet: their int8 inputs changed answers of the
+    135M model's examples (the capital of France became "L'Étoile") where the 1.5B kept all
+    24 of its front's (``docs/guides/models.md``)."""
     from kvboost_rag.core.model import block_kernel
 
     if weights == "gguf":
@@ -96,9 +96,6 @@ def weights_for(
         reason = block_kernel.missing()
         if reason:
             raise ValueError(f"weights='gguf' needs the block kernel, which cannot run: {reason}")
-        return "gguf"
-    if weights is None and from_gguf and device.type == "cpu" and not float32:
-        return "gguf" if block_kernel.available() else None
     return None if weights == "dense" else weights
 
 

@@ -92,17 +92,13 @@ def test_the_packed_layout_unpacks_to_the_levels(bits: int, group: int, asym: bo
     assert torch.equal(w, torch.from_numpy(dequantized(lv)))
 
 
-def test_weights_default_to_a_gguf_s_blocks_on_a_cpu_only() -> None:
-    cpu = torch.device("cpu")
-    assert weights_for(None, cpu, from_gguf=True) == "gguf"
-    assert weights_for(None, cpu, from_gguf=False) is None
-    assert weights_for("dense", cpu, from_gguf=True) is None
-    assert weights_for("int4", cpu, from_gguf=True) == "int4"
-    # fp32 asked for: float numerics (the blocks quantize each input to int8), unless asked
-    assert weights_for(None, cpu, from_gguf=True, float32=True) is None
-    assert weights_for("gguf", cpu, from_gguf=True, float32=True) == "gguf"
+def test_weights_stay_float_unless_the_blocks_are_asked_for() -> None:
+    assert weights_for(None, from_gguf=True) is None
+    assert weights_for("dense", from_gguf=True) is None
+    assert weights_for("gguf", from_gguf=True) == "gguf"
+    assert weights_for("int4", from_gguf=True) == "int4"
     with pytest.raises(ValueError, match="weights='gguf' keeps a GGUF file's own blocks"):
-        weights_for("gguf", cpu, from_gguf=False)
+        weights_for("gguf", from_gguf=False)
 
 
 def smollm2_or_skip() -> None:
