@@ -118,7 +118,8 @@ def test_weights_is_checked_before_anything_loads() -> None:
     with pytest.raises(ValueError, match="runs on a CPU"):
         check_weights("int8", torch.device("meta"))
     with pytest.raises(
-        ValueError, match=r"weights must be one of 'int8', 'int4', 'int8-dynamic' or None"
+        ValueError,
+        match=r"weights must be one of 'int8', 'int4', 'int8-dynamic', 'gguf', 'dense' or None",
     ):
         KVBoost.from_pretrained("no-such-model", weights="int5")
     with pytest.raises(ValueError, match="weights must be"):
