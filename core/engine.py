@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +24,7 @@ from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.inspection import Inspection
 from kvboost_rag.core.model import measurements
-from kvboost_rag.core.model.blocks import use_blocks
+from kvboost_rag.core.model.blocks import store_weights
 from kvboost_rag.core.model.loading import (
     check_device,
     check_dtype,
@@ -36,7 +35,7 @@ from kvboost_rag.core.model.loading import (
     load_model,
     resolve_model_path,
 )
-from kvboost_rag.core.model.quantized import check_weights, quantize, weights_for
+from kvboost_rag.core.model.quantized import check_weights, weights_for
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.requests import Requests
@@ -143,11 +142,7 @@ class KVBoost:
         source = gguf_source(model, gguf_file=gguf_file)
         kind = weights_for(checked, source is not None)
         hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
-        if kind == "gguf":
-            assert source is not None
-            use_blocks(hf_model, Path(path), source, default_cache_root())
-        elif kind is not None:
-            quantize(hf_model, kind)
+        store_weights(hf_model, kind, path, source, default_cache_root())
         engine = cls(hf_model, tokenizer, config)
         engine.name = model
         return engine

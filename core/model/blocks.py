@@ -23,7 +23,7 @@ import torch
 from kvboost_rag.core.model import block_kernel
 from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
 from kvboost_rag.core.model.packed import median_seconds
-from kvboost_rag.core.model.quantized import ROW_COUNTS
+from kvboost_rag.core.model.quantized import ROW_COUNTS, quantize
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,18 @@ def unpack(
     per_row = lambda t: t.permute(0, 2, 1).reshape(rows, -1).float().repeat_interleave(group, 1)  # noqa: E731
     w = per_row(scale) * (levels_.float() - zero)
     return w + per_row(mins) if mins.numel() else w
+
+
+def store_weights(
+    model: Any, kind: str | None, folder: str | Path, gguf: Any, cache_root: Path
+) -> None:
+    """``model``'s linear layers stored as ``kind`` (``quantized.weights_for``'s answer):
+    a GGUF's blocks (``use_blocks``), quantized from float, or left as they are (None)."""
+    if kind == "gguf":
+        assert gguf is not None
+        use_blocks(model, Path(folder), gguf, cache_root)
+    elif kind is not None:
+        quantize(model, kind)
 
 
 def cache_file(folder: Path) -> Path:
