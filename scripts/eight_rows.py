@@ -8,7 +8,7 @@ passage; open-ended: in your own words). The constant ``NAME`` of the module
 ``kvboost_rag.core.MODULE`` takes each value (Python expressions; ``torch`` is in scope)
 in turn between rounds, the order alternating. Prints each round's wall time and writes
 JSON. E.g. ``generation.drafting.BATCH_DRAFT_TOKENS=1 2`` or
-``model.attention.FEW_QUERY_DTYPES="(torch.float32,)" "(torch.float32, torch.bfloat16)"``.
+``model.attention.FEW_QUERIES=2 4``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 
 from kvboost_rag.core.generation.compiled import CHECK_KEYS, CompiledStep
 from kvboost_rag.core.generation.slots import SlotCache, Write
-from kvboost_rag.core.model import linears
+from kvboost_rag.core.model import attention_choice, linears
 from kvboost_rag.core.model.arch import ModelSupport
 from kvboost_rag.core.model.attention import KEYWORD, Forward, runs_sdpa, steered
 from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
@@ -35,6 +35,8 @@ class Runner:
         self.windows = support.windows
         self.head = PackedHead(model)
         self.ways = linears.NONE  # row count -> the decoder's linear way (``measure``)
+        # whether steps take ``few_query_attention`` (``prepare`` measures it)
+        self.few = model.dtype in attention_choice.UNTIMED
         self.compiled = CompiledStep(model, support, slots)
         self.forwards = 0
         self.tokens = 0  # real tokens fed, pads excluded
@@ -73,7 +75,7 @@ class Runner:
         inputs = {"input_ids": ids, "position_ids": position_ids, "attention_mask": mask}
         if steered(self.model):  # one sequence at its end may split attention there
             past = write.past if write.columns is None else None
-            inputs[KEYWORD] = Forward(past, self.windows, rows=True)
+            inputs[KEYWORD] = Forward(past, self.windows, rows=True, few=self.few)
         with self.slots.forward(write) as cache:
             inputs |= {"cache": cache, "use_cache": True}
             if packed_head:
@@ -116,10 +118,12 @@ class Runner:
         self, packed: bool | None, packed_linears: bool, measurements: Measurements
     ) -> None:
         """What steers the forwards: the way the decoder's linear layers take for each row
-        count (``measure``, packing them only if ``packed_linears``) and the packed head's
-        check (unless ``packed`` is False), each recalled from ``measurements`` where this
-        machine measured the same before, else measured and kept there."""
+        count (``measure``, packing them only if ``packed_linears``), the attention form of
+        the decoding steps (``attention_choice``) and the packed head's check (unless
+        ``packed`` is False), each recalled from ``measurements`` where this machine
+        measured the same before, else measured and kept there."""
         self.measure(packed_linears, measurements)
+        self.few = attention_choice.few_queries(self.model, self.support.attention, measurements)
         if packed is not False:
             self.head.prepare(measurements)
 

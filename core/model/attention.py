@@ -21,8 +21,12 @@ keys 131 ms through the kernel's grouped heads against 76 ms as matrix products.
 engine's own forwards (``Forward.rows``) take that form for up to ``FEW_QUERIES`` queries
 a row (``few_query_attention``): scores, softmax and weighted sum in float32, the query
 heads of a group and their queries one matrix against their key-value head, read once.
-Those measurements were float32; in bf16 SDPA's grouped heads measured faster at every
-query count at 1.5B and 135M, so bf16 rows take them (``FEW_QUERY_DTYPES``).
+Which form is faster depends on the CPU: in bf16 SDPA's grouped heads beat it on a Xeon
+with AMX (0.12 against 0.22 ms a layer for one query over 900 keys at Qwen2.5-Coder-1.5B's
+shape), and lost tenfold on an AMD EPYC without AMX (1.19 against 0.14 ms; 8 rows 10.2
+against 0.9), where they were 40% of a decoding step. So the engine measures both forms at
+its model's shape once per machine (``attention_choice.py``) and ``Forward.few`` carries the
+verdict.
 
 Registered as ``kvboost_sdpa`` (``install``) on the engine's own copy of the model
 (``view.py``; the user's model keeps its attention). What a forward may take is said by a
@@ -52,15 +56,6 @@ from kvboost_rag.core.model.hf_compat import (
 
 NAME = "kvboost_sdpa"
 FEW_QUERIES = 4  # queries per row that ``few_query_attention`` takes under a mask
-# The dtypes whose rows take it. In bf16 SDPA's grouped heads were faster or within 8%, one
-# row or eight of 1-8 queries over 900 keys, at Qwen2.5-Coder-1.5B's shape (12 query / 2
-# key-value heads of 128) and SmolLM2's (9 / 3 of 64): at 1.5B 1.0 against 1.7 ms a layer
-# for 8 rows of one query, 0.12 against 0.22-0.25 for one, 3.4-3.6 against 4.9-7.8 for 8
-# rows of 8, within 8% either way for 8 rows of 2-4 (2-core Xeon, torch 2.13, two runs on
-# an idle machine; ``scripts/attention_forms.py``, records docs/bench/attention-forms-*).
-# In float32 8 rows of one query took 1.1-1.5 ms grouped against 0.8-1.2 at 1.5B's shape,
-# so float32 keeps the form it was tuned with.
-FEW_QUERY_DTYPES = (torch.float32,)
 KEYWORD = "kvboost"  # the model call's keyword that carries a ``Forward``
 
 
@@ -72,7 +67,8 @@ class Forward:
     (its attention may split there, ``split_attention``), with ``windows[i]`` the sliding
     window of layer ``i`` (None: full attention); None: no such claim. ``rows``: a forward
     over the engine's slot rows (``Runner``): its decoding steps' layers may take
-    ``few_query_attention`` and grouped heads under a mask. ``probe``: (a score vector,
+    ``few_query_attention`` (where ``few``: measured faster on this machine,
+    ``attention_choice.py``) and grouped heads under a mask. ``probe``: (a score vector,
     how many leading key positions it covers): every layer adds the attention its queries
     pay to each of those keys (softmax weights summed over heads and queries) into it,
     beside its usual output (what a repair probe needs). ``compiled``: the engine's compiled
@@ -83,6 +79,7 @@ class Forward:
     past: int | None = None
     windows: tuple[int | None, ...] = ()
     rows: bool = False
+    few: bool = False
     probe: tuple[torch.Tensor, int] | None = None
     compiled: bool = False
 
@@ -139,9 +136,11 @@ def attention(
     if forward.probe is not None:
         into, keys = forward.probe
         _add_scores(into, keys, module, query, key, attention_mask, scaling)
-    if forward.rows and _few_queries(query, attention_mask, dropout, kwargs):
+    if forward.rows and forward.few and _few_queries(query, attention_mask, dropout, kwargs):
         return few_query_attention(module, query, key, value, attention_mask, scaling), None
-    if forward.rows and _grouped_under_mask(module, query, attention_mask, dropout, kwargs):
+    if forward.rows and _grouped_under_mask(
+        module, query, attention_mask, dropout, kwargs, forward.few
+    ):
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
         )
@@ -230,6 +229,7 @@ def _grouped_under_mask(
     mask: torch.Tensor | None,
     dropout: float,
     kwargs: dict[str, Any],
+    few: bool,
 ) -> bool:
     # Several queries under a mask (a batched step with drafts, a repair pass): transformers
     # repeats each key-value head for its query heads (``repeat_kv``), copying the keys
@@ -240,7 +240,7 @@ def _grouped_under_mask(
         GROUPED_HEADS
         and getattr(module, "num_key_value_groups", 1) > 1
         and mask is not None
-        and (query.shape[2] > 1 or query.dtype not in FEW_QUERY_DTYPES)
+        and (query.shape[2] > FEW_QUERIES or not few)
         and query.device.type == "cpu"
         and not dropout
         and not any(kwargs.get(k) is not None for k in ("s_aux", "position_bias", "softcap"))
@@ -255,7 +255,6 @@ def _few_queries(
     # sinks (``s_aux``) and dropout stay with transformers'.
     return (
         (query.shape[2] == 1 or (mask is not None and query.shape[2] <= FEW_QUERIES))
-        and query.dtype in FEW_QUERY_DTYPES
         and query.device.type == "cpu"
         and not dropout
         and not kwargs.get("s_aux")

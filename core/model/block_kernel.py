@@ -69,6 +69,9 @@ def library(cache_root: Path) -> ctypes.CDLL:
     lib.quantize_rows.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int]
     lib.block_gemm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _int, _ptr, _ptr, _ptr, _int,
                                _int, _ptr, _ptr, _int, _i64, _int]  # fmt: skip
+    lib.block_linear.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int, _int,
+                                 _ptr, _ptr, _i64, _int]  # fmt: skip
+    lib.block_linear.restype = _int
     return lib
 
 

@@ -59,24 +59,17 @@ class BlockLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)
         dtype = flat.dtype if flat.dtype in (torch.bfloat16, torch.float32) else torch.float32
         flat = flat.to(dtype).contiguous()
-        rows, groups = flat.shape[0], self.in_features // self.group
-        xq = torch.empty(rows, self.in_features, dtype=torch.int8)
-        xs = torch.empty(rows, groups, dtype=torch.float32)
-        xsum = torch.empty(rows, groups, dtype=torch.int32)
-        out = torch.empty(rows, self.out_features, dtype=dtype)
-        bf16, threads = int(dtype == torch.bfloat16), block_kernel.threads()
-        lib, mins = (
-            block_kernel.library(self.cache_root),
-            self.mins.data_ptr() if self.mins.numel() else None,
-        )
-        lib.quantize_rows(flat.data_ptr(), bf16, rows, self.in_features, self.group,
-                          xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), threads)  # fmt: skip
-        lib.block_gemm(
-            xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), rows, self.in_features, self.group,
-            self.q.data_ptr(), self.scale.data_ptr(), mins,
-            self.zero, self.bits, None if self.bias is None else self.bias.data_ptr(),
-            out.data_ptr(), bf16, self.out_features, threads,
+        out = torch.empty(flat.shape[0], self.out_features, dtype=dtype)
+        mins, bias = self.mins, self.bias
+        failed = block_kernel.library(self.cache_root).block_linear(
+            flat.data_ptr(), dtype == torch.bfloat16, flat.shape[0], self.in_features,
+            self.group, self.q.data_ptr(), self.scale.data_ptr(),
+            mins.data_ptr() if mins.numel() else None, self.zero, self.bits,
+            None if bias is None else bias.data_ptr(), out.data_ptr(), self.out_features,
+            torch.get_num_threads(),
         )  # fmt: skip
+        if failed:
+            raise MemoryError(f"no memory for a {tuple(flat.shape)} input's quantized copy")
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -142,6 +142,8 @@ def test_few_queries_outside_the_engine_are_sdpa_itself(few_query_calls) -> None
         model(input_ids=ids[:, :1], cache=cache, **{KEYWORD: Forward()})  # not the rows'
         assert not calls
         model(input_ids=ids[:, 1:2], cache=cache, **{KEYWORD: Forward(rows=True)})
+        assert not calls  # the rows', where the products were not measured faster
+        model(input_ids=ids[:, 2:3], cache=cache, **{KEYWORD: Forward(rows=True, few=True)})
         assert calls
 
 
@@ -200,12 +202,11 @@ def test_a_users_torch_compile_traces_the_engines_attention_whole() -> None:
 
 
 @pytest.mark.parametrize("queries", [1, 3])
-def test_bf16_rows_take_sdpas_grouped_heads_float32_rows_the_few_query_form(
-    queries: int, few_query_calls
-) -> None:
-    """``FEW_QUERY_DTYPES``: in bf16 the engine's rows take SDPA's grouped heads at every
-    query count (measured faster, ``scripts/attention_forms.py``); float32 rows keep the
-    few-query products. Both give transformers' output."""
+@pytest.mark.parametrize("few", [True, False])
+def test_rows_take_the_form_measured_faster(queries: int, few: bool, few_query_calls) -> None:
+    """``Forward.few`` (the verdict of ``attention_choice``): the engine's rows of a few
+    queries take the products where it holds, SDPA's grouped heads where not; in float32
+    and bf16 both give transformers' output."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from kvboost_rag.core.model import attention as attention_module
@@ -215,8 +216,8 @@ def test_bf16_rows_take_sdpas_grouped_heads_float32_rows_the_few_query_form(
     module = torch.nn.Module()
     module.num_key_value_groups = 3  # type: ignore[assignment]
     module.is_causal = True  # type: ignore[assignment]
-    steer = {KEYWORD: Forward(rows=True)}
-    for dtype, few, tolerance in ((torch.bfloat16, False, 2e-2), (torch.float32, True, 1e-5)):
+    steer = {KEYWORD: Forward(rows=True, few=few)}
+    for dtype, tolerance in ((torch.bfloat16, 2e-2), (torch.float32, 1e-5)):
         calls.clear()
         query = torch.randn(2, 6, queries, 16, generator=generator).to(dtype)
         key, value = (torch.randn(2, 2, 41, 16, generator=generator).to(dtype) for _ in range(2))

@@ -10,7 +10,7 @@ import torch
 from conftest import make_model
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.model import arch, linears, measurements, packed
+from kvboost_rag.core.model import arch, attention_choice, linears, measurements, packed
 from kvboost_rag.core.model.measurements import Measurements
 
 KEY = {"dtype": "torch.bfloat16", "linears": [[[64, 64, False], 3]]}
@@ -70,7 +70,7 @@ def timed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, int]:
     monkeypatch.setattr(arch, "KEPT_PARAMETERS", 0)
     monkeypatch.setattr(linears, "MEASURED_BYTES", 0)
     monkeypatch.setattr(packed, "MEASURED_ELEMENTS", 0)
-    counts = {"ranked": 0, "head": 0, "rotation": 0}
+    counts = {"ranked": 0, "head": 0, "rotation": 0, "attention": 0}
 
     def ranked(layers: Any, count: int, ways: Any) -> list[str]:
         counts["ranked"] += 1
@@ -86,6 +86,7 @@ def timed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, int]:
     monkeypatch.setattr(linears, "_ranked", ranked)
     monkeypatch.setattr(packed.PackedHead, "_check", counted("head", packed.PackedHead._check))
     monkeypatch.setattr(arch, "rotation_errors", counted("rotation", arch.rotation_errors))
+    monkeypatch.setattr(attention_choice, "faster", counted("attention", attention_choice.faster))
     return counts
 
 
@@ -94,11 +95,14 @@ def test_a_second_start_recalls_what_the_first_measured(
 ) -> None:
     first = engine_on(make_model("llama"), tokenizer)
     assert timed["ranked"] > 0 and timed["head"] == 1 and timed["rotation"] == 1
+    assert timed["attention"] == 1
     kept = sorted(p.name.split("-")[0] for p in (tmp_path / "kept").iterdir())
-    assert kept == ["head", "linears", "rotation"]
-    timed.update(ranked=0, head=0, rotation=0)
+    assert kept == ["attention", "head", "linears", "rotation"]
+    timed.update(ranked=0, head=0, rotation=0, attention=0)
     second = engine_on(make_model("llama"), tokenizer)  # another process's model, same weights
-    assert timed == {"ranked": 0, "head": 0, "rotation": 0}
+    assert timed == {"ranked": 0, "head": 0, "rotation": 0, "attention": 0}
+    runner = second._handle.executor.batch.runner
+    assert runner.few == first._handle.executor.batch.runner.few
     runner = second._handle.executor.batch.runner
     assert runner.ways == first._handle.executor.batch.runner.ways
     assert runner.ways.fastest == dict.fromkeys((1, 2, 4, 8), linears.TRANSPOSED)

@@ -19,10 +19,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MR 8
-#define VERSION 1
+#define VERSION 2
 
 int block_gemm_version(void) { return VERSION; }
 
@@ -138,4 +139,26 @@ void block_gemm(const int8_t *xq, const float *xs, const int32_t *xsum, int64_t 
             default: break;
         }
     }
+}
+
+/* y = x W^T + b in one call, for a layer's forward: ``x``'s rows quantized into scratch
+ * memory of its own, then ``block_gemm``. One row is quantized on the calling thread (a few
+ * microseconds: a team would cost more); -1 when the scratch cannot be allocated. */
+int block_linear(const void *x, int bf16, int64_t M, int64_t K, int group, const uint8_t *q,
+                 const uint16_t *scale, const uint16_t *mins, int zero, int bits,
+                 const float *bias, void *y, int64_t N, int threads) {
+    int64_t groups = K / group;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xs = malloc((size_t)(M * groups) * sizeof(float));
+    int32_t *xsum = malloc((size_t)(M * groups) * sizeof(int32_t));
+    int ok = xq && xs && xsum;
+    if (ok) {
+        quantize_rows(x, bf16, M, K, group, xq, xs, xsum, M > 1 ? threads : 1);
+        block_gemm(xq, xs, xsum, M, K, group, q, scale, mins, zero, bits, bias, y, bf16, N,
+                   threads);
+    }
+    free(xq);
+    free(xs);
+    free(xsum);
+    return ok ? 0 : -1;
 }
