@@ -41,15 +41,19 @@ def convert(args: argparse.Namespace) -> None:
     """Convert an alias or a GGUF file once and print the model folder it loads from."""
     from kvboost_rag.arguments import BadUsage
     from kvboost_rag.core.model.embedded import EMBEDDED_MODELS
-    from kvboost_rag.core.model.gguf import convert_gguf
+    from kvboost_rag.core.model.gguf import check_out, convert_gguf
     from kvboost_rag.core.model.loading import resolve_model_path
 
     if args.out is not None and str(args.model).lower() in EMBEDDED_MODELS:
         raise BadUsage("--out takes a GGUF file; an alias is converted into the cache")
     if args.out is None:
         print(resolve_model_path(str(args.model)))
-    else:
-        print(convert_gguf(args.model, args.out))
+        return
+    try:
+        check_out(args.out.expanduser())
+    except FileExistsError as e:
+        raise BadUsage(str(e)) from None
+    print(convert_gguf(args.model, args.out))
 
 
 def add_parsers(sub: Any) -> None:

@@ -1,6 +1,6 @@
 """One measurement of ``benchmarks.weights`` in a process of its own; prints one JSON line.
 
-probe.py engine MODEL KIND | transformers MODEL | convert MODEL
+probe.py engine MODEL KIND | transformers MODEL | convert MODEL | folder MODEL OUT
 """
 
 from __future__ import annotations
@@ -61,11 +61,27 @@ def convert(model: str) -> dict[str, float]:
     }
 
 
+def folder(model: str, out: str) -> dict[str, float]:
+    """The GGUF converted into the folder ``out`` alone (``kvboost-rag convert``)."""
+    from kvboost_rag.core.model.embedded import gguf_path
+    from kvboost_rag.core.model.gguf import convert_gguf
+    from kvboost_rag.core.model.loading import default_cache_root
+
+    gguf = gguf_path(model, default_cache_root())  # joined from its parts: not timed
+    before = memory()["rss"]
+    start = time.perf_counter()
+    written = convert_gguf(gguf, out)
+    seconds = time.perf_counter() - start
+    files = sum(f.stat().st_size for f in written.glob("*.safetensors"))
+    return {"seconds": seconds, "start_rss": before, "weights_bytes": files, **memory()}
+
+
 if __name__ == "__main__":
     what, model, *rest = sys.argv[1:]
     found = {
         "engine": lambda: engine(model, rest[0]),
         "transformers": lambda: transformers_start(model),
         "convert": lambda: convert(model),
+        "folder": lambda: folder(model, rest[0]),
     }[what]()
     print(json.dumps(found))

@@ -9,9 +9,10 @@ second start is the one reported: converted checkpoint, packed blocks and measur
 disk, as every start after the first), its resident set after the start (VmRSS) and its
 peak (VmHWM); transformers' own ``AutoModelForCausalLM.from_pretrained`` of the same
 converted folder in the same dtype, timed the same way (start-up's yardstick); and the
-conversion of the GGUF into a new cache root (GGUF to folder, then the first start of
-``weights="gguf"``, which packs the blocks), whose peak is set against the result's size.
-Prints the table and writes ``weights-<model>.json``.
+conversion of the GGUF into a new cache root (GGUF to folder, then the first start with
+the default weights), whose peak is set against the result's size; and the GGUF converted
+into a folder alone (``kvboost-rag convert``: tensor by tensor), its peak beside the
+process's resident set before it. Prints the table and writes ``weights-<model>.json``.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ def record(model: str, kinds: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as root:
         env = {**os.environ, "XDG_CACHE_HOME": root}
         conversion = probe("convert", model, env=env)
+        converted = probe("folder", model, str(Path(root) / "folder"))
     return {
         "command": "python -m benchmarks.weights " + " ".join(sys.argv[1:]),
         "model": model,
         "gguf_bytes": conversion["gguf_bytes"],
         "rows": rows,
         "conversion": conversion,
+        "folder": converted,
     }
 
 
@@ -70,9 +73,15 @@ def table(report: dict[str, Any]) -> str:
         )
     c = report["conversion"]
     lines.append(
-        f"conversion (GGUF -> folder -> packed blocks, a new cache root): "
+        f"conversion (GGUF -> folder -> the default start, a new cache root): "
         f"{c['seconds']:.0f} s, peak {c['peak'] / GIB:.2f} GiB against a result of "
         f"{c['result_bytes'] / GIB:.2f} GiB ({c['peak'] / c['result_bytes']:.2f}x)"
+    )
+    f = report["folder"]
+    lines.append(
+        f"the GGUF to a folder alone (kvboost-rag convert): {f['seconds']:.0f} s, peak "
+        f"{f['peak'] / GIB:.2f} GiB (the process before it: {f['start_rss'] / GIB:.2f}) for "
+        f"{f['weights_bytes'] / GIB:.2f} GiB of float32 weights written"
     )
     return "\n".join(lines)
 

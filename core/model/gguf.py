@@ -1,16 +1,19 @@
-"""GGUF files as model folders: dequantized once by transformers, saved as safetensors.
+"""GGUF files as model folders: dequantized once, saved as safetensors.
 
 transformers reads a GGUF (``gguf_file=``) by dequantizing every tensor, which takes 10-60 s
-and cannot be saved back with ``save_pretrained`` as loaded. ``convert_gguf`` loads it
-dequantized and writes an ordinary model folder (fp32 safetensors: the GGUF's values
-exactly, whatever dtype the model then computes in), atomically, once; later loads read
-that folder in seconds. ``converted_folder`` keeps one such folder per GGUF file in the
-cache root.
+and holds the whole model in float32 before it builds it (a 7B's 28 GB, more than many
+machines have). ``convert_gguf`` writes an ordinary model folder instead (fp32 safetensors:
+the GGUF's values exactly, whatever dtype the model then computes in), tensor by tensor
+through transformers' own per-architecture processing (``hf_compat.gguf_tensors``), in
+shards of ``SHARD_BYTES``, so memory holds one shard and one tensor at a time; atomically,
+once; later loads read that folder in seconds. ``converted_folder`` keeps one such folder
+per GGUF file in the cache root.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -18,11 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvboost_rag.core.errors import UnknownModelError
+from kvboost_rag.core.model import hf_compat
 
 GGUF_MAGIC = b"GGUF"
+SHARD_BYTES = 512 * 2**20  # float32 bytes a shard of the converted folder holds at most
 
 # Tokens that end a turn in the chat formats of the families GGUF files carry, besides the
 # file's own EOS: llama.cpp treats the same texts as end of generation when they are in
@@ -61,22 +67,19 @@ def convert_gguf(
     ``out``. ``chat_template``: the template to save where the file carries none.
     ``stop_tokens``: texts of the tokens that end a turn besides EOS (None: those of
     ``END_OF_TURN`` the vocabulary holds). The folder appears whole or not at all; an
-    existing ``out`` is left as it is. ``UnknownModelError`` when ``gguf`` is not a GGUF
+    existing model folder ``out`` is left as it is; any other existing ``out`` is refused
+    before any work (``FileExistsError``). ``UnknownModelError`` when ``gguf`` is not a GGUF
     file."""
     source, target = Path(gguf).expanduser(), Path(out).expanduser()
     if not is_gguf(source):
         raise UnknownModelError(f"{str(gguf)!r} is not a GGUF file (it does not start with GGUF)")
     if (target / "model.safetensors").exists() or (target / "config.json").exists():
         return target
+    check_out(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:
-        model, tokenizer = _dequantized(source)
-        if chat_template is not None:
-            tokenizer.chat_template = chat_template
-        model.generation_config.eos_token_id = stop_ids(tokenizer, stop_tokens)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _write(source, tmp, chat_template, stop_tokens)
         tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared like any other
         try:
             os.rename(tmp, target)  # atomic; a concurrent converter may have won the race
@@ -86,6 +89,15 @@ def convert_gguf(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def check_out(target: Path) -> None:
+    """``FileExistsError`` when ``target`` exists and is not a model folder (a file, or a
+    folder holding other things): the conversion would end by failing to move there."""
+    if target.exists() and not (target / "config.json").exists():
+        if target.is_file() or any(target.iterdir()):
+            what = "a file" if target.is_file() else "a folder that is not a model folder"
+            raise FileExistsError(f"--out {target} is {what}: pass a new folder")
 
 
 def converted_folder(gguf: Path, cache_root: Path) -> Path:
@@ -109,15 +121,53 @@ def stop_ids(tokenizer: Any, stop_tokens: Sequence[str] | None) -> list[int]:
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 
-def _dequantized(source: Path) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+def _write(
+    source: Path, folder: Path, chat_template: str | None, stop_tokens: Sequence[str] | None
+) -> None:
+    """The tokenizer, config, generation config and weights of ``source`` written into
+    ``folder`` (weights in float32 shards with an index, as ``save_pretrained`` shards)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     kwargs: dict[str, Any] = {"gguf_file": source.name}
     tokenizer = AutoTokenizer.from_pretrained(source.parent, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        source.parent,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
-        **kwargs,
-    )
-    return model, tokenizer
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(folder)
+    config = AutoConfig.from_pretrained(source.parent, **kwargs)
+    config.dtype = torch.float32
+    with torch.device("meta"):  # names and shapes only: no weight is allocated
+        skeleton = AutoModelForCausalLM.from_config(config)
+    shards: list[list[str]] = [[]]
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        save_file(shard, str(folder / f"shard-{len(shards)}.safetensors"), {"format": "pt"})
+        shards[-1] = sorted(shard)
+        shards.append([])
+        shard, size = {}, 0
+
+    for name, weights in hf_compat.gguf_tensors(str(source), skeleton):
+        array = np.ascontiguousarray(weights, dtype=np.float32)
+        # float32 tensors come as read-only views of the file: copied, not aliased
+        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+        if size and size + tensor.nbytes > SHARD_BYTES:
+            flush()
+        shard[name] = tensor
+        size, total = size + tensor.nbytes, total + tensor.nbytes
+    if shard:
+        flush()
+    shards.pop()
+    weight_map: dict[str, str] = {}
+    for number, names in enumerate(shards, 1):
+        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        os.rename(folder / f"shard-{number}.safetensors", folder / file)
+        weight_map |= dict.fromkeys(names, file)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.save_pretrained(folder)
+    generation = GenerationConfig.from_model_config(config)
+    generation.eos_token_id = stop_ids(tokenizer, stop_tokens)
+    generation.save_pretrained(folder)

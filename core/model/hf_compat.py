@@ -107,3 +107,54 @@ def is_hub_kernel(name: str) -> bool:
     from transformers.integrations.hub_kernels import is_kernel
 
     return bool(is_kernel(name))
+
+
+def gguf_tensors(path: str, model: Any) -> Iterator[tuple[str, Any]]:
+    """The tensors of the GGUF file ``path`` one at a time, dequantized to float32 numpy
+    arrays under ``model``'s state-dict names (``model`` may sit on the meta device), each
+    as transformers' GGUF loader makes it (its per-architecture processors: Llama's q/k
+    rows put back in order, norms shifted, experts split). The loader itself keeps every
+    tensor until the last is read (a 7B's 28 GB); this yields them as it goes."""
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+    )
+
+    parsed = load_gguf_checkpoint(path, return_tensors=False)
+    reader = GGUFReader(path)
+    architecture = str(reader.fields["general.architecture"].contents())
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+    mapping = get_gguf_hf_weights_map(model, processor)
+    parsed["tensors"] = {}
+    for tensor in reader.tensors:
+        weights = _dequantized(tensor, dequantize)
+        result = processor.process(
+            weights=weights, name=tensor.name, tensor_key_mapping=mapping, parsed_parameters=parsed
+        )
+        yield from parsed["tensors"].items()  # what a processor placed itself (experts)
+        parsed["tensors"].clear()
+        if result.weights is not None and result.name in mapping:
+            yield mapping[result.name], result.weights
+
+
+DEQUANTIZED_BYTES = 64 * 2**20  # float32 bytes dequantized at once: gguf-py's temporaries
+
+
+def _dequantized(tensor: Any, dequantize: Callable[..., Any]) -> Any:
+    """``tensor``'s float32 values, dequantized a slice of its leading axis at a time: gguf-py
+    makes several temporaries the size of what it dequantizes, which for a 1.5B's embedding
+    table (933 MB in float32) came to gigabytes."""
+    import numpy as np
+
+    data, kind = tensor.data, tensor.tensor_type
+    if data.ndim < 2 or data.shape[0] < 2:
+        return dequantize(data, kind)
+    first = dequantize(data[:1], kind)
+    step = max(1, DEQUANTIZED_BYTES // max(1, first.nbytes))
+    out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
+    for start in range(0, data.shape[0], step):
+        out[start : start + step] = dequantize(data[start : start + step], kind)
+    return out

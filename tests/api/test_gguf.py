@@ -42,7 +42,7 @@ def test_a_gguf_file_loads_as_the_alias_does(
     folder = Path(resolve_model_path(str(smollm2_gguf)))
     assert folder.parent == cache_root / "kvboost-rag" / "models"  # converted once, kept
     alias = Path(resolve_model_path("smollm2-135m-instruct"))
-    ours, theirs = load_file(folder / "model.safetensors"), load_file(alias / "model.safetensors")
+    ours, theirs = weights_in(folder), weights_in(alias)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     # transformers' own gguf_file= names the same file, and finds the same folder
@@ -50,6 +50,49 @@ def test_a_gguf_file_loads_as_the_alias_does(
     assert Path(same) == folder
     answer = engine.chat([{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in answer.text
+
+
+def weights_in(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a model folder's safetensors files."""
+    found = sorted(folder.glob("*.safetensors"))
+    assert found, folder
+    return {k: t for file in found for k, t in load_file(file).items()}
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_a_streamed_conversion_holds_what_transformers_loads(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensor by tensor, in shards (``SHARD_BYTES`` made small here so there are several),
+    the converted folder holds exactly the float32 weights transformers' own GGUF loader
+    gives (Llama's q/k rows reordered, Gemma's norms shifted), and the stop tokens."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from kvboost_rag.core.model import gguf
+
+    if not embedded_available(name):
+        pytest.skip(f"{name}'s package is not installed")
+    file = embedded.gguf_path(name, tmp_path / "cache")
+    monkeypatch.setattr(gguf, "SHARD_BYTES", 64 * 2**20)
+    folder = convert_gguf(file, tmp_path / "out")
+    theirs = AutoModelForCausalLM.from_pretrained(
+        file.parent, gguf_file=file.name, dtype=torch.float32
+    )
+    ours = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert len(list(folder.glob("model-*-of-*.safetensors"))) > 1
+    want = theirs.state_dict()
+    got = ours.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    stops = GenerationConfig.from_pretrained(folder).eos_token_id
+    assert stops == stop_ids(ours_tokenizer(folder), None), name
+
+
+def ours_tokenizer(folder: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
@@ -76,7 +119,7 @@ def test_convert_cli_prints_the_folder(
     main(["convert", str(smollm2_gguf), "--out", str(tmp_path / "smol")])
     printed = capsys.readouterr().out.strip()
     assert printed == str(tmp_path / "smol")
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+    assert {"config.json", "model.safetensors.index.json", "tokenizer.json"} <= {
         p.name for p in Path(printed).iterdir()
     }
     assert oct(Path(printed).stat().st_mode & 0o777) == "0o755"
@@ -89,6 +132,19 @@ def test_convert_cli_refuses_what_it_cannot_convert(
         main(["convert", "smollm2-135m-instruct", "--out", str(tmp_path / "x")])
     assert exit_.value.code == 2
     assert "--out takes a GGUF file" in capsys.readouterr().err
+    for existing in (tmp_path / "notes", tmp_path / "file.txt"):  # nothing is converted first
+        (tmp_path / "notes").mkdir(exist_ok=True)
+        (tmp_path / "notes" / "f").write_text("mine")
+        (tmp_path / "file.txt").write_text("mine")
+        with pytest.raises(SystemExit) as exit_:
+            main(["convert", str(tmp_path / "any.gguf"), "--out", str(existing)])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--out {existing} is a" in err and "pass a new folder" in err
+        assert err.count("\n") == 1, err
+    (tmp_path / "any.gguf").write_bytes(b"GGUF")  # reads as one: the folder is what is refused
+    with pytest.raises(FileExistsError, match="pass a new folder"):
+        convert_gguf(tmp_path / "any.gguf", tmp_path / "notes")
     with pytest.raises(SystemExit) as exit_:
         main(["models", "--install", "no-such-model"])
     assert exit_.value.code == 2
