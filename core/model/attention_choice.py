@@ -12,7 +12,6 @@ with the machine's other measurements (``measurements.py``).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -22,10 +21,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from kvboost_rag.core.model.attention import few_query_attention
 from kvboost_rag.core.model.hf_compat import GROUPED_HEADS
 from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
+from kvboost_rag.core.model.packed import median_seconds
 
 KEYS = 512  # cached keys the forms are timed over
 ROWS = (1, 8)  # one request's step; eight decoding together (under the step's mask)
-REPEATS = 9  # interleaved rounds; the median round decides
+REPEATS = 9  # timed calls of each form; their medians decide
 UNTIMED = (torch.float32,)  # where nothing is timed: the dtypes that take the products
 
 
@@ -49,7 +49,8 @@ def few_queries(
 
 def faster(shape: tuple[int, int, int], dtype: torch.dtype) -> bool:
     """Whether the products beat SDPA for 1 and 8 rows of one query over ``KEYS`` keys at
-    ``shape`` (query heads, key-value heads, head size), summed, median of the rounds."""
+    ``shape`` (query heads, key-value heads, head size), both counts in one call, median of
+    ``REPEATS`` calls each."""
     heads, kv_heads, dim = shape
     module = _Module(heads // kv_heads)
     generator = torch.Generator().manual_seed(0)
@@ -72,14 +73,8 @@ def faster(shape: tuple[int, int, int], dtype: torch.dtype) -> bool:
             else:
                 F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
 
-    rounds: list[tuple[float, float]] = []
     with torch.inference_mode():
-        products()  # first calls' one-time costs
-        sdpa()
-        for _ in range(REPEATS):
-            rounds.append((_seconds(products), _seconds(sdpa)))
-    ratios = sorted(ours / theirs for ours, theirs in rounds)
-    return ratios[len(ratios) // 2] < 1.0
+        return median_seconds(products, REPEATS) < median_seconds(sdpa, REPEATS)
 
 
 class _Module(torch.nn.Module):
@@ -89,12 +84,6 @@ class _Module(torch.nn.Module):
         super().__init__()
         self.num_key_value_groups = groups
         self.is_causal = True
-
-
-def _seconds(fn: Any) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _shape(model: Any, attention: tuple[Any, ...]) -> tuple[int, int, int] | None:

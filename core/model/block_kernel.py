@@ -23,8 +23,6 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-import torch
-
 SOURCE = Path(__file__).with_name("kernels") / "block_gemm.c"
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
@@ -66,9 +64,6 @@ def library(cache_root: Path) -> ctypes.CDLL:
     if not built.exists():
         _build(built)
     lib = ctypes.CDLL(str(built))
-    lib.quantize_rows.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int]
-    lib.block_gemm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _int, _ptr, _ptr, _ptr, _int,
-                               _int, _ptr, _ptr, _int, _i64, _int]  # fmt: skip
     lib.block_linear.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int, _int,
                                  _ptr, _ptr, _i64, _int]  # fmt: skip
     lib.block_linear.restype = _int
@@ -99,7 +94,3 @@ def _cpu_flags() -> frozenset[str]:
         return frozenset()
     line = next((row for row in text.splitlines() if row.startswith("flags")), "")
     return frozenset(line.partition(":")[2].split())
-
-
-def threads() -> int:
-    return torch.get_num_threads()

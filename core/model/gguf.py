@@ -138,15 +138,14 @@ def _write(
     config.dtype = torch.float32
     with torch.device("meta"):  # names and shapes only: no weight is allocated
         skeleton = AutoModelForCausalLM.from_config(config)
-    shards: list[list[str]] = [[]]
+    shards: list[list[str]] = []  # the names each shard holds, in order
     shard: dict[str, torch.Tensor] = {}
     size = total = 0
 
     def flush() -> None:
         nonlocal shard, size
+        shards.append(sorted(shard))
         save_file(shard, str(folder / f"shard-{len(shards)}.safetensors"), {"format": "pt"})
-        shards[-1] = sorted(shard)
-        shards.append([])
         shard, size = {}, 0
 
     for name, weights in hf_compat.gguf_tensors(str(source), skeleton):
@@ -159,7 +158,6 @@ def _write(
         size, total = size + tensor.nbytes, total + tensor.nbytes
     if shard:
         flush()
-    shards.pop()
     weight_map: dict[str, str] = {}
     for number, names in enumerate(shards, 1):
         file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"

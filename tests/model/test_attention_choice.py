@@ -35,9 +35,29 @@ def test_the_verdict_is_timed_once_then_recalled(tmp_path, monkeypatch) -> None:
     assert len(timed) == 2
 
 
-def test_the_verdict_is_a_timing_of_both_forms() -> None:
-    """Both forms run at the shape (a bad shape would raise) and a verdict comes back."""
-    assert attention_choice.faster((6, 2, 16), torch.float32) in (True, False)
+def test_the_verdict_follows_the_timings(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Whichever form is made slow loses: the verdict is the timing, not a default."""
+    real = attention_choice.few_query_attention
+    monkeypatch.setattr(attention_choice, "few_query_attention", _slowed(real))
+    assert attention_choice.faster((6, 2, 16), torch.float32) is False
+    monkeypatch.setattr(attention_choice, "few_query_attention", real)
+    sdpa = attention_choice.sdpa_attention_forward
+    monkeypatch.setattr(attention_choice, "sdpa_attention_forward", _slowed(sdpa))
+    monkeypatch.setattr(
+        attention_choice.F, "scaled_dot_product_attention",
+        _slowed(attention_choice.F.scaled_dot_product_attention),
+    )  # fmt: skip
+    assert attention_choice.faster((6, 2, 16), torch.float32) is True
+
+
+def _slowed(fn):  # type: ignore[no-untyped-def]
+    import time
+
+    def slowed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)
+        return fn(*args, **kwargs)
+
+    return slowed
 
 
 def test_the_engines_rows_carry_the_verdict(monkeypatch, tokenizer) -> None:  # type: ignore[no-untyped-def]
