@@ -19,7 +19,6 @@ from typing_extensions import Unpack
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.generation.handle import ModelHandle
 from kvboost_rag.core.generation.options import ChatOptions, TextOptions, split_options
-from kvboost_rag.core.generation.request import Request
 from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.inspection import Inspection
@@ -40,15 +39,14 @@ from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.requests import Requests
 from kvboost_rag.core.results import EngineStats, GenerationResult, WarmResult
+from kvboost_rag.core.retry import Opened, answered, streamed
 from kvboost_rag.core.reuse.caches import Caches
 from kvboost_rag.core.store.fingerprint import model_fingerprint
 from kvboost_rag.core.store.tiers import open_tiers
 from kvboost_rag.core.tools.formats import Tool
+from kvboost_rag.core.tools.repeats import RepeatGuard, answered_calls
 from kvboost_rag.core.tools.structure import ResponseFormat, Structure
 from kvboost_rag.core.warming import Warmer
-
-# What a request is opened with: the prompt, sampling options, structure and start time.
-Opened = tuple[TokenizedPrompt, SamplingOptions, Structure, float]
 
 
 class KVBoost:
@@ -72,7 +70,10 @@ class KVBoost:
         self.support = self._handle.support
         self.context_window = self._handle.context_window
         self._prompts = PromptEncoder(
-            tokenizer, self.context_window, self.config.max_passage_tokens
+            tokenizer,
+            self.context_window,
+            self.config.max_passage_tokens,
+            self.config.tool_result_notes,
         )
         self._store = open_tiers(self.config, self.fingerprint)
         self._caches = Caches(
@@ -166,7 +167,7 @@ class KVBoost:
         given as ``passages=`` (placed before it). Options: max_new_tokens, temperature,
         top_p, top_k, stop, seed, draft_tokens (``SamplingOptions``);
         ``response_format`` / ``constrain`` as in ``chat``."""
-        return self._requests.open(*self._text(prompt, options)).wait()
+        return self._requests.open(*self._text(prompt, options)[:4]).wait()
 
     def chat(self, messages: Sequence[Message], **options: Unpack[ChatOptions]) -> GenerationResult:
         """Answer the last message of a conversation, using the tokenizer's chat template.
@@ -178,20 +179,25 @@ class KVBoost:
         ``{"type": "json_schema", "json_schema": {"schema": ...}}``) asks for JSON. Both
         decode under a grammar unless ``constrain=False`` (default:
         ``config.constrained_decoding``). Messages may carry ``tool_calls`` (assistant)
-        and be ``{"role": "tool", "content", "tool_call_id"}`` results. Sampling options
-        as in ``generate``."""
-        return self._requests.open(*self._chat(messages, options)).wait()
+        and be ``{"role": "tool", "content", "tool_call_id"}`` results.
+        ``repeat_guard`` (default True): a call equal to one the messages already hold
+        with its result is withheld (``result.withheld_tool_calls``) and the answer
+        decoded again as text; False returns it (polling a tool can be legitimate). An
+        answer that offered tools and came back empty is decoded again as text too
+        (``result.retried`` says why). Sampling options as in ``generate``."""
+        return answered(self._requests, *self._chat(messages, options))
 
     def stream(self, prompt: str, **options: Unpack[TextOptions]) -> GenerationStream:
         """Like ``generate`` but yields text deltas; ``.result`` is set when it ends."""
-        return self._streamed(*self._text(prompt, options))
+        return streamed(self._requests, *self._text(prompt, options))
 
     def stream_chat(
         self, messages: Sequence[Message], **options: Unpack[ChatOptions]
     ) -> GenerationStream:
         """Like ``chat`` but yields content deltas (a tool call being written is held
-        back); ``.result``, with the calls, is set when it ends."""
-        return self._streamed(*self._chat(messages, options))
+        back); ``.result``, with the calls, is set when it ends. A retry (``chat``'s
+        ``repeat_guard``) streams on after what was shown."""
+        return streamed(self._requests, *self._chat(messages, options))
 
     def first_token_logits(
         self, prompt: str | Sequence[Message], *, passages: Sequence[str] | None = None
@@ -301,20 +307,27 @@ class KVBoost:
     # -- the request path --------------------------------------------------------------
 
     def _text(self, prompt: str, options: TextOptions) -> Opened:
-        """A text request: its prompt, sampling options, structure and start time."""
+        """A text request: its prompt, sampling options, structure and start time (and no
+        repeat guard)."""
         start = time.perf_counter()
         given, form = split_options(dict(options), TextOptions)
         passages = form.pop("passages", None)
         sampling, structure = self._checked(given, **form)
-        return self._prompts.text(prompt, passages), sampling, structure, start
+        return self._prompts.text(prompt, passages), sampling, structure, start, None
 
     def _chat(self, messages: Sequence[Message], options: ChatOptions) -> Opened:
-        """A chat request: its prompt, sampling options, structure and start time."""
+        """A chat request: its prompt, sampling options, structure and start time, and the
+        repeat guard over its messages (None when off or nothing to guard)."""
         start = time.perf_counter()
         given, form = split_options(dict(options), ChatOptions)
+        guarded = form.pop("repeat_guard", True)
+        if not isinstance(guarded, bool):
+            raise ValueError(f"repeat_guard must be True or False, got {guarded!r}")
         sampling, structure = self._checked(given, **form)
         prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
-        return prompt, sampling, structure, start
+        answered = answered_calls(messages) if guarded and structure.calls_parsed else None
+        guard = RepeatGuard(answered) if answered else None
+        return prompt, sampling, structure, start, guard
 
     def _checked(self, given: dict[str, Any], **form: Any) -> tuple[SamplingOptions, Structure]:
         sampling = SamplingOptions.build(**given)
@@ -327,19 +340,6 @@ class KVBoost:
         if isinstance(prompt, str):
             return self._prompts.text(prompt, passages)
         return self._prompts.chat(prompt)
-
-    def _streamed(
-        self, prompt: TokenizedPrompt, sampling: SamplingOptions, structure: Structure, start: float
-    ) -> GenerationStream:
-        streams: list[GenerationStream] = []
-
-        def attach(request: Request) -> None:
-            streams.append(
-                GenerationStream(request, self._requests.decode, sampling.stop, structure.visible)
-            )
-
-        self._requests.open(prompt, sampling, structure, start, stream=attach)
-        return streams[0]
 
     def _logits(self, prompt: TokenizedPrompt, more: list[int]) -> torch.Tensor:
         """Logits after the prompt and after each token of ``more`` fed behind it."""

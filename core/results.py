@@ -81,6 +81,12 @@ class GenerationResult:
     # them), and output that looked like a call but could not be read as one.
     tool_calls: list[ToolCall] = field(default_factory=list)
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+    # Calls the answer wrote that the repeat guard withheld: each repeats a call the
+    # messages already hold with its result, so the answer was decoded again as text.
+    withheld_tool_calls: list[ToolCall] = field(default_factory=list)
+    # Why the answer was decoded again as text ("" when it was not): a withheld repeat, or
+    # an answer that offered tools and held neither text nor a call (``core/retry.py``).
+    retried: str = ""
 
     @property
     def kv_reuse_ratio(self) -> float:

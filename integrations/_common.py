@@ -135,6 +135,12 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
         "passages_missed": result.passages_missed,
         "passages_foreign": result.passages_foreign,
         "reuse_reason": result.reuse_reason,
+        # Why the answer was decoded again as text ("" if it was not), and the repeated
+        # calls the repeat guard withheld (``core/retry.py``).
+        "retried": result.retried,
+        "withheld_tool_calls": [
+            {"name": c.name, "arguments": c.arguments} for c in result.withheld_tool_calls
+        ],
         # OpenAI's name for an answer that ends in tool calls, which both frameworks read.
         "finish_reason": result.finish_reason,
         "timings": result.timings.as_dict(),

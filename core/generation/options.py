@@ -43,6 +43,7 @@ class ChatOptions(Sampling, total=False):
     parallel_tool_calls: bool
     response_format: ResponseFormat | None
     constrain: bool | None
+    repeat_guard: bool
 
 
 SAMPLING_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingOptions))

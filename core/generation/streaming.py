@@ -38,6 +38,24 @@ def safe_prefix_len(text: str, stops: Sequence[str]) -> int:
     return end
 
 
+# A stream's follow-up, asked on the consumer's thread once its request ended: None (the
+# result stands) or a retry: how many of the answer's tokens it goes on after, how its
+# result joins the first (``core/retry.py``) and how to open it with a stream attached.
+Retrying = tuple[
+    int,
+    Callable[[GenerationResult], GenerationResult],
+    Callable[[Callable[["Request"], None]], object],
+]
+Follow = Callable[[GenerationResult], Retrying | None]
+
+
+class _Ended:
+    """Queued instead of the end when a follow-up may retry: the first try's result."""
+
+    def __init__(self, result: GenerationResult) -> None:
+        self.result = result
+
+
 class DeltaQueue:
     """Thread-safe hand-off of text deltas from the executor's thread to a consumer."""
 
@@ -46,8 +64,8 @@ class DeltaQueue:
     def __init__(self) -> None:
         self._queue: queue.Queue[object] = queue.Queue()
 
-    def put(self, delta: tuple[str, int]) -> None:
-        if delta[0]:
+    def put(self, delta: tuple[str, int] | _Ended) -> None:
+        if isinstance(delta, _Ended) or delta[0]:
             self._queue.put(delta)
 
     def close(self, error: BaseException | None = None) -> None:
@@ -82,6 +100,11 @@ class TextDeltas:
             text = self._visible(text)
         self._emit_upto(text, safe_prefix_len(text, self._stops))
 
+    def restart(self, ids: list[int]) -> None:
+        """Go on after ``ids`` (a retry keeps the first answer's first tokens): what was
+        emitted stays emitted."""
+        self._ids = list(ids)
+
     def finish(self, final_text: str) -> None:
         self._emit_upto(final_text, len(final_text))
 
@@ -98,7 +121,9 @@ class GenerationStream:
     The request runs on the model's executor, which hands each token over as it is chosen.
     A stream is an iterator: once it has ended, iterating it again yields nothing (its text
     is in ``result.text``). Leaving the loop early (``break``) or calling ``close()``
-    cancels the request; ``result`` then holds what was yielded.
+    cancels the request; ``result`` then holds what was yielded. With ``follow`` (a chat
+    answer that may be decoded again, ``core/retry.py``), the retry's deltas follow the
+    first try's and ``result`` is set once the consumer has read to the end.
     """
 
     def __init__(
@@ -107,8 +132,11 @@ class GenerationStream:
         decode: Callable[[list[int]], str],
         stops: Sequence[str],
         visible: Callable[[str], str] | None = None,
+        follow: Follow | None = None,
     ) -> None:
         self.result: GenerationResult | None = None
+        self._follow = follow
+        self._join: Callable[[GenerationResult], GenerationResult] | None = None
         self._request = request
         self._queue = DeltaQueue()
         self._deltas = TextDeltas(decode, stops, self._queue, visible)
@@ -124,14 +152,40 @@ class GenerationStream:
             self._queue.close(request.error)
             return
         assert request.result is not None
-        self.result = request.result
-        self._deltas.finish(request.result.text)
+        if self._follow is not None and request.result.finish_reason != "cancelled":
+            self._queue.put(_Ended(request.result))
+            return
+        self._end(request.result if self._join is None else self._join(request.result))
+
+    def _end(self, result: GenerationResult) -> None:
+        self.result = result
+        self._deltas.finish(result.text)
         self._queue.close()
+
+    def _retry(self, first: GenerationResult) -> None:
+        """On the consumer's thread: open the follow-up's retry, or end with ``first``."""
+        assert self._follow is not None
+        retrying, self._follow = self._follow(first), None
+        if retrying is None:
+            self._end(first)
+            return
+        kept, self._join, open_retry = retrying
+        self._deltas.restart(first.token_ids[:kept])
+
+        def attach(request: Request) -> None:
+            self._request = request
+            request.on_token = self._deltas.on_token
+            request.on_end = self._on_end
+
+        open_retry(attach)
 
     def __iter__(self) -> Iterator[str]:
         try:
             while not self._ended:
                 item = self._queue.get()
+                if isinstance(item, _Ended):
+                    self._retry(item.result)
+                    continue
                 if item is DeltaQueue.DONE or isinstance(item, BaseException):
                     self._ended = True
                     if isinstance(item, BaseException):

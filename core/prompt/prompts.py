@@ -35,8 +35,15 @@ class ChatTemplateError(KVBoostError, ValueError):
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer: Any, context_window: int, max_passage_tokens: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        context_window: int,
+        max_passage_tokens: int,
+        tool_result_notes: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.tool_result_notes = tool_result_notes
         self.context_window = context_window
         self.max_passage_tokens = max_passage_tokens
         self.special_prefix = _special_prefix(tokenizer)  # e.g. [BOS] where the tokenizer adds it
@@ -107,7 +114,13 @@ class PromptEncoder:
                 "every message's content is empty or only whitespace: pass the text to answer"
             )
         try:
-            text = render_chat(self.tokenizer, messages, tools, fmt or self.tool_format())
+            text = render_chat(
+                self.tokenizer,
+                messages,
+                tools,
+                fmt or self.tool_format(),
+                self.tool_result_notes,
+            )
         except TemplateError as error:
             raise ChatTemplateError(
                 f"the tokenizer's chat template refused these messages: {error}"

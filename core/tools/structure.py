@@ -34,6 +34,18 @@ from kvboost_rag.core.tools.formats import (
 from kvboost_rag.core.tools.template import check_tools
 
 TOOL_CHOICES = ("auto", "required", "none")
+# An answer whose calls are refused (``tool_choice="none"``, the repeat guard's retry): text
+# that is not empty and holds no call, neither in the format's tags (as text; a tag that is
+# a special token no text matches) nor as bare or fenced JSON (no ``{"`` at all), and it
+# opens with none of ``{[`(<>"'``: told to answer in text, Qwen2.5-Coder-0.5B wrote its call
+# with a mismatched quote, as "function-name", in an xml fence, as <name> tags, then after
+# a ">", each time the grammar refused the form before.
+TEXT_ONLY = (
+    "%llguidance {}\nstart: TEXT\n"
+    r'TEXT: /(?s:\s*[^\s{\[`(<>"\'].*)/'
+    r' & ~/(?s:.*)(\{\s*["\']|["\']name["\']\s*:|["\']arguments|```\s*json|<tool_call>)(?s:.*)/'
+    "\n"
+)
 ResponseFormat = Mapping[str, Any]  # {"type": "json_object"} or {"type": "json_schema", ...}
 
 
@@ -41,7 +53,8 @@ ResponseFormat = Mapping[str, Any]  # {"type": "json_object"} or {"type": "json_
 class Structure:
     """Tools offered and how they may be used, or a JSON answer format; empty by default
     (plain text). ``tool_choice``: "auto" (text or calls), "required" (calls only), "none"
-    (text only: calls are not parsed) or a tool's name (exactly that tool).
+    (text only: the grammar refuses calls, which are not parsed either; the tools stay in
+    the prompt) or a tool's name (exactly that tool).
     ``response_format``: ``{"type": "json_object"}`` or ``{"type": "json_schema",
     "json_schema": {"schema": {...}}}``. ``constrain``: decode under a grammar.
     ``parallel``: several calls in one answer (else the grammar ends it after one)."""
@@ -89,8 +102,10 @@ class Structure:
 
             schema = strict_schema(json_schema(self.response_format))
             return LLMatcher.grammar_from_json_schema(schema, defaults=CANONICAL_JSON)
-        if not self.calls_parsed:
+        if not self.tools:
             return None
+        if self.tool_choice == "none":
+            return TEXT_ONLY
         if self.tool_choice == "auto":
             return self.fmt.grammar(self.tools, False, self.parallel, special)
         chosen = [t for t in self.tools if tool_name(t) == self.tool_choice] or self.tools
@@ -107,6 +122,10 @@ class Structure:
         parsed = self.fmt.parse(text, self.names)
         if not parsed.calls and not parsed.invalid:
             parsed = bare_calls(text, self.names) or parsed
+        if not self.parallel and parsed.calls and len(parsed.calls) + len(parsed.invalid) > 1:
+            # One call per answer, as the grammar allows in the tags: a small model's bare
+            # calls, one a line, went on to other tools and back (Qwen2.5-Coder-0.5B)
+            parsed = Parsed(parsed.content, parsed.calls[:1], [])
         if self.tool_choice == "auto" or parsed.calls or parsed.invalid:
             return parsed
         name = self.tool_choice if self.tool_choice in self.names else None

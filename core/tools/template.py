@@ -6,6 +6,15 @@ and ``tool`` results are passed to templates that render them, else written as t
 format the model is asked to use: calls as the format writes them, results in
 ``<tool_response>`` tags of a user turn. Rendering is deterministic, so each agent step's
 prompt extends the previous one token for token and its KV is read from the cache.
+
+With ``notes`` (``KVBoostConfig.tool_result_notes``) and tools offered, a result in the
+Hermes format is written that way whatever the template does, followed by a plain
+sentence naming the call and what to do next (``RESULT_NOTE``). Qwen2.5-Coder's own
+rendering (the bare ``<tool_response>`` turn) left both sizes unable to use a result:
+after ``multiply(17, 23)`` returned 391, the 1.5B answered "I cannot generate a response
+based on the provided XML structure" and the 0.5B called the tool again; with the note the
+1.5B answered 391 (and the weather, and 2020) unguided, and the 0.5B did once the repeat
+guard refused its second call (issue 61's probes; ``benchmarks.tools`` measures agents).
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ FALLBACK_INSTRUCTIONS = (
     "For each function call, return a json object with function name and arguments "
     "within <tool_call></tool_call> XML tags:\n"
     '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+# After a tool's result: the call it answers, and what to do with it.
+RESULT_NOTE = (
+    "This is the result of {call}. Answer the question with it, or call the next tool it needs."
 )
 JSON_INSTRUCTIONS = (
     "# Tools\n\nYou may call one of these functions to assist with the user query:\n"
@@ -55,10 +68,15 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Tool],
     fmt: ToolFormat,
+    notes: bool = False,
 ) -> str:
-    """The prompt text for ``messages`` (and ``tools``), generation prompt included."""
+    """The prompt text for ``messages`` (and ``tools``), generation prompt included;
+    ``notes``: tool results with a note (``RESULT_NOTE``) where tools are offered, in the
+    Hermes format."""
     support = TemplateSupport.of(getattr(tokenizer, "chat_template", None))
-    dicts = [_message(m, support, fmt) for m in messages]
+    # A request that offers no tools asks for the answer: no note (SmolLM2-135M copied it)
+    made = _calls_made(messages) if notes and tools and fmt.name == "hermes" else None
+    dicts = [_message(m, support, fmt, made) for m in messages]
     kwargs: dict[str, Any] = {}
     if tools and support.tools:
         kwargs["tools"] = [dict(t) for t in tools]
@@ -84,9 +102,30 @@ def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, An
     return [{"role": "system", "content": text}, *messages]
 
 
-def _message(message: Mapping[str, Any], support: TemplateSupport, fmt: ToolFormat) -> dict:
+def _calls_made(messages: Sequence[Mapping[str, Any]]) -> dict[str | None, str]:
+    """Each assistant call as ``name({arguments})``, by its id; under None, the latest."""
+    made: dict[str | None, str] = {}
+    for message in messages:
+        if message.get("role") == "assistant":
+            for raw in message.get("tool_calls") or []:
+                call = as_call(raw)
+                made[call.id] = made[None] = f"{call.name}({json.dumps(call.arguments)})"
+    return made
+
+
+def _message(
+    message: Mapping[str, Any],
+    support: TemplateSupport,
+    fmt: ToolFormat,
+    made: dict[str | None, str] | None = None,
+) -> dict:
     role = message["role"]
     content = message.get("content") or ""
+    if role == "tool" and made is not None:
+        call = made.get(message.get("tool_call_id")) or made.get(None, "the tool call")
+        note = RESULT_NOTE.format(call=call)
+        text = f"<tool_response>\n{content}\n</tool_response>\n{note}"
+        return {"role": "user", "content": text}
     calls = [as_call(c) for c in message.get("tool_calls") or []]
     if role == "assistant" and calls:
         if support.tool_calls:

@@ -27,7 +27,7 @@ CALL_OPTIONS = frozenset(SAMPLING_OPTIONS) - {"stop"} | {"documents"}
 # The answer's form, passed on to the engine: ``generate`` and ``chat`` take these ...
 FORM_OPTIONS: tuple[str, ...] = ("response_format", "constrain")
 # ... and ``chat`` these (``ChatKVBoost`` only).
-TOOL_OPTIONS: tuple[str, ...] = ("tools", "tool_choice", "parallel_tool_calls")
+TOOL_OPTIONS: tuple[str, ...] = ("tools", "tool_choice", "parallel_tool_calls", "repeat_guard")
 # Fields that only describe how to load a model: meaningless beside a given engine.
 LOAD_FIELDS = ("model_id", "dtype", "device", "weights", "config")
 

@@ -19,7 +19,7 @@ from llama_index.core.tools.types import BaseTool
 from kvboost_rag.integrations.llamaindex.messages import first_call_only, tool_selections
 
 # The engine's chat options for tools, taken by ``KVBoostLLM.chat`` beside sampling.
-TOOL_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls")
+TOOL_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls", "repeat_guard")
 
 
 class ToolCalling:

@@ -218,6 +218,10 @@ class ChatRequest(_Sampling):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
+    # Not OpenAI's: false returns a call that repeats one the messages already answered
+    # (the engine's repeat guard withholds it by default). The openai client sends it
+    # with extra_body={"repeat_guard": False}.
+    repeat_guard: StrictBool | None = None
     response_format: ResponseFormat | None = None
 
     @field_validator("tool_choice")

@@ -85,6 +85,8 @@ def _form(body: ChatRequest) -> dict[str, Any]:
         form["tool_choice"] = choice if isinstance(choice, str) else choice.function.name
         # One call per answer unless asked: the engine's default (OpenAI's is several).
         form["parallel_tool_calls"] = bool(body.parallel_tool_calls)
+        if body.repeat_guard is not None:
+            form["repeat_guard"] = body.repeat_guard
     fmt = body.response_format
     if fmt is not None and fmt.type == "json_object":
         form["response_format"] = {"type": "json_object"}
@@ -134,6 +136,12 @@ def usage(results: Sequence[GenerationResult], n: int) -> dict[str, Any]:
     stats = [result_stats(r) for r in results]
     kvboost: dict[str, Any] = {key: sum(s[key] for s in stats) for key in SUMMED}
     kvboost.update(ttft_ms=stats[0]["ttft_ms"], reuse_reason=results[0].reuse_reason)
+    # Answers decoded again as text (``core/retry.py``): how many, why, and the repeated
+    # calls the repeat guard withheld from them.
+    kvboost.update(
+        retried=[r.retried for r in results if r.retried],
+        withheld_tool_calls=[w for s in stats for w in s["withheld_tool_calls"]],
+    )
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

@@ -13,7 +13,8 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, Field
 
-from kvboost_rag import KVBoost
+from kvboost_rag import KVBoost, KVBoostConfig
+from kvboost_rag.core.tools.template import RESULT_NOTE
 from kvboost_rag.integrations.langchain import ChatKVBoost
 from kvboost_rag.integrations.llamaindex import KVBoostLLM
 
@@ -69,15 +70,23 @@ def test_llamaindex_tool_selection_and_structured_predict(family: KVBoost) -> No
     assert isinstance(cat, Cat)
 
 
-def qwen_step_two(tokenizer, tools: list[dict]) -> list[int]:  # type: ignore[no-untyped-def]
+def qwen_step_two(tokenizer, tools: list[dict], noted: bool = True) -> list[int]:  # type: ignore[no-untyped-def]
     """An agent's second step in Qwen's own message format (a call's arguments as a dict,
-    the result as a ``tool`` message), through Qwen's template."""
+    the result as a ``tool`` message), through Qwen's template; ``noted``: the result as
+    the engine writes it by default, in a user turn's ``<tool_response>`` tags followed by
+    its note (``KVBoostConfig.tool_result_notes``)."""
     call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    note = RESULT_NOTE.format(call='add({"a": 2, "b": 3})')
+    result = (
+        {"role": "user", "content": f"<tool_response>\n5\n</tool_response>\n{note}"}
+        if noted
+        else {"role": "tool", "content": "5"}
+    )
     messages = [
         {"role": "system", "content": "Use a tool."},
         {"role": "user", "content": PROMPT},
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": "5"},
+        result,
     ]
     ids = tokenizer.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, return_dict=False
@@ -87,8 +96,8 @@ def qwen_step_two(tokenizer, tools: list[dict]) -> list[int]:  # type: ignore[no
 
 def test_langchain_agent_step_renders_as_qwens_template() -> None:
     """The call re-rendered in ``<tool_call>`` tags and the result in ``<tool_response>``
-    tags of a user turn, with the tools listed again: rendering is not why agents on the
-    Qwen2.5-Coder models call again after a result (``docs/guides/agents.md``)."""
+    tags of a user turn, with the tools listed again, as Qwen's template writes them (the
+    note after the result aside, and without it where ``tool_result_notes=False``)."""
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
     from kvboost_rag.integrations.langchain.messages import engine_messages
@@ -104,6 +113,9 @@ def test_langchain_agent_step_renders_as_qwens_template() -> None:
     ]
     ids = engine.tokenize_chat(engine_messages(history, []), tools=tools)
     assert ids == qwen_step_two(engine.tokenizer, tools)
+    plain = KVBoost(engine.model, engine.tokenizer, KVBoostConfig(tool_result_notes=False))
+    ids = plain.tokenize_chat(engine_messages(history, []), tools=tools)
+    assert ids == qwen_step_two(engine.tokenizer, tools, noted=False)
 
 
 def test_llamaindex_agent_step_renders_as_qwens_template() -> None:

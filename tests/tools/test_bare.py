@@ -66,9 +66,12 @@ def test_calls_one_a_line_are_several_calls() -> None:
         '{"name": "multiply", "arguments": {"a": 84, "b": 7}}\n'
         '{"name": "get_weather", "arguments": {"city": "London"}}\n{"name'
     )
-    parsed = Structure(TOOLS).parse(text)
+    parsed = Structure(TOOLS, parallel=True).parse(text)
     assert [c.name for c in parsed.calls] == ["multiply", "get_weather"]
     assert len(parsed.invalid) == 1 and parsed.content == ""
+    # one call per answer unless parallel: the first, and nothing after it
+    one = Structure(TOOLS).parse(text)
+    assert [c.name for c in one.calls] == ["multiply"] and one.invalid == []
 
 
 def test_a_list_of_bare_calls_is_several_calls() -> None:
@@ -76,8 +79,9 @@ def test_a_list_of_bare_calls_is_several_calls() -> None:
         '[{"name": "multiply", "arguments": {"a": 1, "b": 2}}, '
         '{"name": "get_weather", "arguments": {"city": "X"}}]'
     )
-    parsed = Structure(TOOLS).parse(text)
+    parsed = Structure(TOOLS, parallel=True).parse(text)
     assert [c.name for c in parsed.calls] == ["multiply", "get_weather"]
+    assert [c.name for c in Structure(TOOLS).parse(text).calls] == ["multiply"]
 
 
 @pytest.mark.parametrize(

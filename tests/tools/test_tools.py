@@ -13,7 +13,7 @@ from kvboost_rag.core.tools.formats import (
     no_special,
     strict_schema,
 )
-from kvboost_rag.core.tools.structure import Structure, json_schema
+from kvboost_rag.core.tools.structure import TEXT_ONLY, Structure, json_schema
 from kvboost_rag.core.tools.template import as_call, instructions, render_chat
 
 ADD = {
@@ -238,7 +238,8 @@ def test_structure_rejects_bad_requests(kwargs: dict, error: str) -> None:
 def test_structure_grammar_follows_the_choice() -> None:
     assert Structure().grammar(no_special) is None
     assert Structure((ADD,), constrain=False).grammar(no_special) is None
-    assert Structure((ADD,), "none").grammar(no_special) is None
+    assert Structure((ADD,), "none").grammar(no_special) == TEXT_ONLY  # calls refused
+    assert Structure((ADD,), "none", constrain=False).grammar(no_special) is None
     auto = Structure((ADD, SEARCH)).grammar(no_special)
     assert auto is not None and "[lazy]" in auto and '"search"' in auto
     named = Structure((ADD, SEARCH), "search").grammar(no_special)
