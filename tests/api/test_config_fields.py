@@ -72,6 +72,7 @@ KINDS: dict[str, set[str]] = {
     "cache_secret": {"str", "bytes", "none"},
     "tool_format": {"str"},
     "constrained_decoding": {"bool"},
+    "tool_result_notes": {"bool"},
     "max_batch_size": {INT, "none"},
     "kv_budget_bytes": {INT, "none"},
     "draft_tokens": {INT, "none"},
@@ -184,6 +185,7 @@ GOOD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "cache_secret": st.text(max_size=8) | st.binary(max_size=8) | st.none(),
     "draft_tokens": st.integers(0, 64) | st.none(),
     "constrained_decoding": st.booleans(),
+    "tool_result_notes": st.booleans(),
     "packed_head": st.sampled_from([True, False, None]),
 }
 
