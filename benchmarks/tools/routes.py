@@ -1,7 +1,8 @@
 """The routes a tool call takes, each answering one task: the engine's ``chat`` with the call
 forced or left to the model (right when the call is), LangChain's ``create_agent`` on
-``ChatKVBoost`` and LlamaIndex's ``FunctionAgent`` on ``KVBoostLLM`` (right when the final
-answer is, after the tools the agent ran)."""
+``ChatKVBoost``, LlamaIndex's ``FunctionAgent`` on ``KVBoostLLM`` and a plain ``openai``
+client looping against the server (right when the final answer is, after the tools the
+agent ran)."""
 
 from __future__ import annotations
 
@@ -109,9 +110,16 @@ def llamaindex_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Outcom
     )
 
 
+def openai_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Outcome:
+    from benchmarks.tools.openai_loop import openai_route as loop
+
+    return loop(engine, task, max_tokens)  # type: ignore[no-any-return]
+
+
 ROUTES: dict[str, Callable[[KVBoost, ToolTask, int], Outcome]] = {
     "engine forced": engine_route("required"),
     "engine auto": engine_route("auto"),
     "langchain agent": langchain_route,
     "llamaindex agent": llamaindex_route,
+    "openai loop": openai_route,
 }

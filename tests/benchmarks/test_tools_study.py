@@ -77,3 +77,14 @@ def test_the_reference_step_renders_the_call_and_result_in_qwens_tags() -> None:
     )
     assert answered(TASK, "12 times 7 is 84.")
     assert not answered(TASK, '{"name": "multiply", "arguments": {"a": 84, "b": 1}}')
+
+
+def test_the_openai_loop_runs_against_the_servers_app_on_a_tiny_model() -> None:
+    """The real ``openai`` client against the server's app on a local port: a random
+    model's answer is scored, not raised, and the loop ends within its steps."""
+    from benchmarks.tools.openai_loop import STEPS
+
+    record = attempt(ROUTES["openai loop"], family_engine("qwen2.5"), TASK, 24)
+    assert record["error"] is None and record["right"] is False
+    assert 1 <= record["steps"] <= STEPS
+    assert record["limited"] == (record["steps"] == STEPS and not record["final"])
