@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
     {"reuse"},
     {"generation"},
     {"requests", "warming", "inspection"},
+    {"retry"},  # a request's answer, decoded again as text where it must be (over requests)
     {"engine"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
