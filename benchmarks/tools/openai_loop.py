@@ -54,12 +54,9 @@ def openai_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Any:
     ]
     tools_run: list[str] = []
     for step in range(1, STEPS + 1):
-        reply = client.chat.completions.create(
-            model="bench",
-            messages=messages,
-            tools=SPECS,
-            max_tokens=max_tokens,  # type: ignore[arg-type]
-        )
+        # plain dicts, as a client's loop builds them (the SDK's TypedDicts are not needed)
+        wire: Any = {"messages": messages, "tools": SPECS}
+        reply = client.chat.completions.create(model="bench", max_tokens=max_tokens, **wire)
         message = reply.choices[0].message
         if not message.tool_calls:
             final = message.content or ""
