@@ -325,8 +325,8 @@ class KVBoost:
             raise ValueError(f"repeat_guard must be True or False, got {guarded!r}")
         sampling, structure = self._checked(given, **form)
         prompt = self._prompts.chat(messages, structure.tools, structure.fmt)
-        answered = answered_calls(messages) if guarded and structure.calls_parsed else None
-        guard = RepeatGuard(answered) if answered else None
+        done = answered_calls(messages) if guarded and structure.calls_parsed else None
+        guard = RepeatGuard(done) if done else None
         return prompt, sampling, structure, start, guard
 
     def _checked(self, given: dict[str, Any], **form: Any) -> tuple[SamplingOptions, Structure]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from benchmarks.agent import loop as agent_loop
+from benchmarks.common.records import write_record
 from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.config import KVBoostConfig
@@ -137,10 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     text = table(report)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        name = f"agent{args.tag}"
-        (args.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / f"{name}.txt").write_text(text + "\n")
+        write_record(args.out, f"agent{args.tag}", report, text)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ checker. Both arms may write several calls (OpenAI's ``parallel_tool_calls`` def
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from benchmarks.bfcl.questions import CATEGORIES, Question, load, right
+from benchmarks.common.records import write_record
 from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.engine import KVBoost
@@ -124,10 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     text = table(report)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        name = f"bfcl-{args.model}"
-        (args.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / f"{name}.txt").write_text(text + "\n")
+        write_record(args.out, f"bfcl-{args.model}", report, text)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,11 @@ ask, run the tools the answer calls, send their results, until the answer is tex
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from typing import Any
 
+from benchmarks.common.cluster_server import free_ports
 from benchmarks.tools.tasks import FUNCTIONS, SPECS, SYSTEM, ToolTask
 from kvboost_rag.core.engine import KVBoost
 
@@ -26,9 +26,7 @@ def _base_url(engine: KVBoost) -> str:
     from kvboost_rag.serve.app import create_app
     from kvboost_rag.serve.settings import ServeSettings
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    (port,) = free_ports(1)
     app = create_app(engine, ServeSettings(model_name="bench", port=port))
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()

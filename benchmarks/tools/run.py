@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.records import write_record
 from benchmarks.tools.routes import ROUTES, Outcome
 from benchmarks.tools.tasks import TASKS
 from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
@@ -101,10 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     text = table(report)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        name = f"tools-{args.model}"
-        (args.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / f"{name}.txt").write_text(text + "\n")
+        write_record(args.out, f"tools-{args.model}", report, text)
 
 
 if __name__ == "__main__":

@@ -88,3 +88,13 @@ def test_the_openai_loop_runs_against_the_servers_app_on_a_tiny_model() -> None:
     assert record["error"] is None and record["right"] is False
     assert 1 <= record["steps"] <= STEPS
     assert record["limited"] == (record["steps"] == STEPS and not record["final"])
+
+
+def test_a_record_is_its_report_and_its_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from benchmarks.common.records import write_record
+
+    write_record(tmp_path / "out", "tools-m", {"model": "m"}, "| a |")
+    assert json.loads((tmp_path / "out" / "tools-m.json").read_text()) == {"model": "m"}
+    assert (tmp_path / "out" / "tools-m.txt").read_text() == "| a |\n"
