@@ -125,9 +125,9 @@ class KVBoostConfig:
     # even from a small model; a request's constrain= overrides it.
     constrained_decoding: bool = True
     # Tool results (Hermes format: Qwen, and templates without tool support) written in a
-    # user turn of <tool_response> tags followed by a sentence naming the call and asking for
-    # the answer or the next call (core/tools/template.py, RESULT_NOTE): Qwen2.5-Coder used
-    # a result only with it. False: the chat template's own rendering.
+    # user turn as a sentence naming the call and its answer, in <tool_response> tags,
+    # followed by a request for the answer or the next call (core/tools/template.py,
+    # noted_result): Qwen2.5-Coder used a result only so. False: the template's rendering.
     tool_result_notes: bool = True
     # Requests decoding together in one forward per step (continuous batching): 1 decodes
     # one request at a time; None: 8 on CPU (where a 2-core step costs about 1.3x one

@@ -8,13 +8,15 @@ format the model is asked to use: calls as the format writes them, results in
 prompt extends the previous one token for token and its KV is read from the cache.
 
 With ``notes`` (``KVBoostConfig.tool_result_notes``) and tools offered, a result in the
-Hermes format is written that way whatever the template does, followed by a plain
-sentence naming the call and what to do next (``RESULT_NOTE``). Qwen2.5-Coder's own
+Hermes format is written that way whatever the template does, as a sentence naming the call
+and its answer, followed by what to do next (``noted_result``). Qwen2.5-Coder's own
 rendering (the bare ``<tool_response>`` turn) left both sizes unable to use a result:
 after ``multiply(17, 23)`` returned 391, the 1.5B answered "I cannot generate a response
-based on the provided XML structure" and the 0.5B called the tool again; with the note the
-1.5B answered 391 (and the weather, and 2020) unguided, and the 0.5B did once the repeat
-guard refused its second call (issue 61's probes; ``benchmarks.tools`` measures agents).
+based on the provided XML structure" and the 0.5B called the tool again. A note after the
+bare result ("This is the result of ...") fixed the 1.5B, but the 0.5B copied the note as
+its answer (2 of 9 right at an agent's second step); the result inside a sentence ("The
+tool multiply(...) answered: 391") is what it copies now, and it answers 9 of 9, the 1.5B
+8 of 9 either way (issue 61's probes; ``benchmarks.tools`` measures agents).
 """
 
 from __future__ import annotations
@@ -34,10 +36,9 @@ FALLBACK_INSTRUCTIONS = (
     "within <tool_call></tool_call> XML tags:\n"
     '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
-# After a tool's result: the call it answers, and what to do with it.
-RESULT_NOTE = (
-    "This is the result of {call}. Answer the question with it, or call the next tool it needs."
-)
+# A tool's result as a sentence naming its call, then what to do with it.
+RESULT_TURN = "<tool_response>\nThe tool {call} answered: {content}\n</tool_response>\n{next}"
+NEXT_STEP = "Now answer the question in a sentence, or call the next tool it needs."
 JSON_INSTRUCTIONS = (
     "# Tools\n\nYou may call one of these functions to assist with the user query:\n"
     "{tools}\n\nTo call one, answer with only a JSON object: "
@@ -71,7 +72,7 @@ def render_chat(
     notes: bool = False,
 ) -> str:
     """The prompt text for ``messages`` (and ``tools``), generation prompt included;
-    ``notes``: tool results with a note (``RESULT_NOTE``) where tools are offered, in the
+    ``notes``: tool results as ``noted_result`` writes them where tools are offered, in the
     Hermes format."""
     support = TemplateSupport.of(getattr(tokenizer, "chat_template", None))
     # A request that offers no tools asks for the answer: no note (SmolLM2-135M copied it)
@@ -123,9 +124,7 @@ def _message(
     content = message.get("content") or ""
     if role == "tool" and made is not None:
         call = made.get(message.get("tool_call_id")) or made.get(None, "the tool call")
-        note = RESULT_NOTE.format(call=call)
-        text = f"<tool_response>\n{content}\n</tool_response>\n{note}"
-        return {"role": "user", "content": text}
+        return {"role": "user", "content": noted_result(call, content)}
     calls = [as_call(c) for c in message.get("tool_calls") or []]
     if role == "assistant" and calls:
         if support.tool_calls:
@@ -136,6 +135,11 @@ def _message(
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     extra = {k: message[k] for k in ("name", "tool_call_id") if k in message and role == "tool"}
     return {"role": role, "content": content, **extra}
+
+
+def noted_result(call: str, content: str) -> str:
+    """The user turn that carries a tool's result, ``call`` written as ``name({arguments})``."""
+    return RESULT_TURN.format(call=call, content=content, next=NEXT_STEP)
 
 
 def as_call(call: Any) -> ToolCall:

@@ -14,7 +14,7 @@ from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, Field
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.tools.template import RESULT_NOTE
+from kvboost_rag.core.tools.template import noted_result
 from kvboost_rag.integrations.langchain import ChatKVBoost
 from kvboost_rag.integrations.llamaindex import KVBoostLLM
 
@@ -73,12 +73,12 @@ def test_llamaindex_tool_selection_and_structured_predict(family: KVBoost) -> No
 def qwen_step_two(tokenizer, tools: list[dict], noted: bool = True) -> list[int]:  # type: ignore[no-untyped-def]
     """An agent's second step in Qwen's own message format (a call's arguments as a dict,
     the result as a ``tool`` message), through Qwen's template; ``noted``: the result as
-    the engine writes it by default, in a user turn's ``<tool_response>`` tags followed by
-    its note (``KVBoostConfig.tool_result_notes``)."""
+    the engine writes it by default, a sentence in a user turn's ``<tool_response>`` tags
+    followed by what to do next (``KVBoostConfig.tool_result_notes``)."""
     call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
-    note = RESULT_NOTE.format(call='add({"a": 2, "b": 3})')
+    text = noted_result('add({"a": 2, "b": 3})', "5")
     result = (
-        {"role": "user", "content": f"<tool_response>\n5\n</tool_response>\n{note}"}
+        {"role": "user", "content": text}
         if noted
         else {"role": "tool", "content": "5"}
     )

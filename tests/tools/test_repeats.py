@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.tools.formats import FORMATS, ToolCall
 from kvboost_rag.core.tools.repeats import RepeatGuard, answered_calls, call_key, kept_tokens
-from kvboost_rag.core.tools.template import RESULT_NOTE, render_chat
+from kvboost_rag.core.tools.template import NEXT_STEP, noted_result, render_chat
 
 PING = {
     "type": "function",
@@ -81,9 +81,10 @@ def test_tool_results_carry_a_note_naming_their_call() -> None:
     messages = [ASKED, CALLED, ANSWERED]
     plain = render_chat(tokenizer, messages, [PING], FORMATS["hermes"])
     noted = render_chat(tokenizer, messages, [PING], FORMATS["hermes"], notes=True)
-    note = RESULT_NOTE.format(call="ping({})")
+    note = NEXT_STEP
     assert note not in plain
-    assert f"<tool_response>\npong\n</tool_response>\n{note}" in noted
+    expected = "<tool_response>\nThe tool ping({}) answered: pong\n</tool_response>\n" + note
+    assert noted_result("ping({})", "pong") == expected and expected in noted
     # no note where no tools are offered (the answer is asked for), nor in the JSON format
     assert note not in render_chat(tokenizer, messages, [], FORMATS["hermes"], notes=True)
     assert note not in render_chat(tokenizer, messages, [PING], FORMATS["json"], notes=True)
