@@ -7,13 +7,20 @@ JSON is a call only when it has a call's shape: a string ``name`` and no keys bu
 ``name``, ``arguments`` and ``parameters``, naming an offered tool or holding arguments (a
 misspelt tool then comes back as an invalid call, not as text). Any other JSON answer,
 ``{"name": "Lima"}`` included, stays content.
+
+Such a call escaped the grammar (it was free text), so its arguments are typed against the
+tool's schema where that loses nothing (``typed``): a string spelling a number where a
+number is declared becomes that number, "true" / "false" a boolean. Qwen2.5-Coder-0.5B
+wrote ``{"a": "12", "b": "7"}`` for ``multiply(a: float, b: float)`` under LlamaIndex's
+``FunctionAgent``, and the tool failed on strings.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvboost_rag.core.tools.calls import InvalidToolCall, Parsed, ToolCall, read_calls
@@ -32,6 +39,40 @@ def bare_calls(text: str, names: Sequence[str]) -> Parsed | None:
     """The calls ``text`` writes as bare or fenced JSON, with the text around them as
     content; None when it holds none."""
     return _leading_calls(text, names) or _fenced_calls(text, names)
+
+
+def typed(calls: Sequence[ToolCall], schemas: Mapping[str, Mapping[str, Any]]) -> list[ToolCall]:
+    """``calls`` with each argument in the type its tool's parameter schema
+    (``schemas[name]``) declares, where a string spells it exactly; others unchanged."""
+    out = []
+    for call in calls:
+        arguments = _typed(call.arguments, schemas.get(call.name) or {})
+        out.append(call if arguments == call.arguments else replace(call, arguments=arguments))
+    return out
+
+
+INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _typed(value: Any, schema: Mapping[str, Any]) -> Any:
+    declared = schema.get("type")
+    types = set(declared) if isinstance(declared, list) else {declared}
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        return {k: _typed(v, properties.get(k) or {}) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [_typed(v, schema["items"]) for v in value]
+    if not isinstance(value, str) or "string" in types:
+        return value
+    text = value.strip()
+    if types & {"integer", "number"} and INTEGER.fullmatch(text):
+        return int(text)
+    if "number" in types and NUMBER.fullmatch(text):
+        return float(text)
+    if "boolean" in types and text in ("true", "false"):
+        return text == "true"
+    return value
 
 
 def _leading_calls(text: str, names: Sequence[str]) -> Parsed | None:

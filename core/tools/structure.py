@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from kvboost_rag.core.tools.bare import bare_calls, bare_start
+from kvboost_rag.core.tools.bare import bare_calls, bare_start, typed
 from kvboost_rag.core.tools.formats import (
     CANONICAL_JSON,
     FORMATS,
@@ -28,6 +28,7 @@ from kvboost_rag.core.tools.formats import (
     SpecialToken,
     Tool,
     ToolFormat,
+    parameters_of,
     strict_schema,
     tool_name,
 )
@@ -121,7 +122,10 @@ class Structure:
             return Parsed(text, [], [])
         parsed = self.fmt.parse(text, self.names)
         if not parsed.calls and not parsed.invalid:
-            parsed = bare_calls(text, self.names) or parsed
+            bare = bare_calls(text, self.names)
+            if bare is not None:  # free text: its arguments typed as the schemas say
+                schemas = {tool_name(t): parameters_of(t) for t in self.tools}
+                parsed = Parsed(bare.content, typed(bare.calls, schemas), bare.invalid)
         if not self.parallel and parsed.calls and len(parsed.calls) + len(parsed.invalid) > 1:
             # One call per answer, as the grammar allows in the tags: a small model's bare
             # calls, one a line, went on to other tools and back (Qwen2.5-Coder-0.5B)

@@ -54,6 +54,27 @@ def test_bare_and_fenced_calls_are_read(text: str, call: tuple, content: str) ->
         assert (parsed.content, parsed.invalid) == (content, [])
 
 
+def test_a_bare_call_s_arguments_take_the_declared_types_where_nothing_is_lost() -> None:
+    """Qwen2.5-Coder-0.5B under LlamaIndex's FunctionAgent wrote numbers as strings, and
+    ``multiply`` failed on them; the grammar never saw that call (it was free text)."""
+    flags = tool("setup", n="integer", on="boolean", tags="array", opt=["number", "null"])
+    flags["function"]["parameters"]["properties"]["tags"]["items"] = {"type": "number"}
+    text = (
+        '{"name": "multiply", "arguments": {"a": "12", "b": " -7.5e1"}}\n'
+        '{"name": "get_weather", "arguments": {"city": "12"}}\n'
+        '{"name": "setup", "arguments": {"n": "3", "on": "true", "tags": ["1", "x"], '
+        '"opt": "2", "extra": "5"}}\n'
+        '{"name": "setup", "arguments": {"n": "3.5", "on": "yes", "opt": "0x1"}}'
+    )
+    parsed = Structure((*TOOLS, flags), parallel=True).parse(text)
+    assert [c.arguments for c in parsed.calls] == [
+        {"a": 12, "b": -75.0},
+        {"city": "12"},  # a string where one is declared
+        {"n": 3, "on": True, "tags": [1, "x"], "opt": 2, "extra": "5"},
+        {"n": "3.5", "on": "yes", "opt": "0x1"},  # not exactly the declared type: kept
+    ]
+
+
 def test_text_after_a_bare_call_is_content() -> None:
     parsed = Structure(TOOLS).parse(QWEN_BARE + "\nThis multiplies them.")
     assert [(c.name, c.arguments) for c in parsed.calls] == [("multiply", {"a": 12, "b": 7})]
