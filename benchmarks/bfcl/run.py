@@ -15,16 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from benchmarks.bfcl.questions import CATEGORIES, Question, load, right
+from benchmarks.common.plain import Calls, plain_answer
 from benchmarks.common.records import write_record
 from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.core.tools.structure import Structure
-
-Calls = list[tuple[str, dict[str, Any]]]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,19 +42,8 @@ def engine_calls(engine: KVBoost, question: Question, max_tokens: int) -> Calls:
 
 
 def generate_calls(engine: KVBoost, question: Question, max_tokens: int) -> Calls:
-    """The model alone: its template, greedy ``generate``, and the same plain parser."""
-    tokenizer = engine.tokenizer
-    ids = tokenizer.apply_chat_template(
-        question.messages, tools=question.tools, add_generation_prompt=True, return_tensors="pt"
-    )
-    ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
-    with torch.no_grad():
-        out = engine.model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
-    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=False)
-    for token in (tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
-        text = text.split(token)[0] if token else text
-    plain = Structure(tuple(question.tools), constrain=False, parallel=True)
-    return [(c.name, c.arguments) for c in plain.parse(text).calls]
+    """The model alone: its template, greedy ``generate``, and a plain parser."""
+    return plain_answer(engine, question.messages, question.tools, max_tokens)[1]
 
 
 ARMS = {"chat(tools=)": engine_calls, "generate": generate_calls}

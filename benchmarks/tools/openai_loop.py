@@ -10,10 +10,9 @@ import time
 from typing import Any
 
 from benchmarks.common.cluster_server import free_ports
-from benchmarks.tools.tasks import FUNCTIONS, SPECS, SYSTEM, ToolTask
+from benchmarks.tools.tasks import SPECS, SYSTEM, ToolTask
 from kvboost_rag.core.engine import KVBoost
 
-STEPS = 8  # model calls before the loop counts as stuck (LangChain's route: recursion 8)
 _SERVERS: dict[int, str] = {}  # engine id -> base URL of its running server
 
 
@@ -42,16 +41,15 @@ def _base_url(engine: KVBoost) -> str:
 def openai_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Any:
     from openai import OpenAI
 
-    from benchmarks.tools.routes import Outcome
+    from benchmarks.tools.routes import LOOP_STEPS, Outcome, run_tool
 
     client = OpenAI(base_url=_base_url(engine), api_key="unused")
-    functions = {f.__name__: f for f in FUNCTIONS}
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": task.question},
+        {"role": "user", "content": task.prompt},
     ]
     tools_run: list[str] = []
-    for step in range(1, STEPS + 1):
+    for step in range(1, LOOP_STEPS + 1):
         # plain dicts, as a client's loop builds them (the SDK's TypedDicts are not needed)
         wire: Any = {"messages": messages, "tools": SPECS}
         reply = client.chat.completions.create(model="bench", max_tokens=max_tokens, **wire)
@@ -63,9 +61,6 @@ def openai_route(engine: KVBoost, task: ToolTask, max_tokens: int) -> Any:
         for call in message.tool_calls:
             name = call.function.name  # type: ignore[union-attr]
             tools_run.append(name)
-            try:
-                output = str(functions[name](**json.loads(call.function.arguments)))  # type: ignore[union-attr]
-            except Exception as error:  # a wrong call gets its error back, as clients do
-                output = f"error: {error}"
+            output = run_tool(name, json.loads(call.function.arguments))  # type: ignore[union-attr]
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    return Outcome(False, tools_run, 0, "", STEPS, limited=True)
+    return Outcome(False, tools_run, 0, "", LOOP_STEPS, limited=True)
