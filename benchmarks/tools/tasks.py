@@ -93,6 +93,10 @@ class ToolTask:
         return _same(arguments, self.arguments)
 
     def right_answer(self, text: str) -> bool:
+        """Holds one of the answers, and is not a question ("Is it snowing in Oslo
+        today?", the 1.5B's answer to "Is it cold in Oslo today?", holds "snow")."""
+        if text.rstrip().endswith("?"):
+            return False
         return any(answer.lower() in text.lower() for answer in self.answers)
 
 

@@ -36,6 +36,7 @@ def test_a_right_call_names_the_tool_with_equal_arguments() -> None:
 def test_a_right_answer_holds_one_of_the_answers() -> None:
     assert TASK.right_answer("12 times 7 is 84.")
     assert not TASK.right_answer("It is 74.")
+    assert not TASK.right_answer("Is it 84?")  # a question answers nothing
 
 
 def test_the_tools_answer_what_the_tasks_expect() -> None:
