@@ -29,6 +29,7 @@ from kvboost_rag.core.reuse.assemble import RowKV
 from kvboost_rag.core.reuse.caches import Caches
 from kvboost_rag.core.reuse.context import Context
 from kvboost_rag.core.tools.structure import Constrainer, Structure
+from kvboost_rag.core.tools.written import WrittenCalls
 
 
 class Requests:
@@ -36,9 +37,15 @@ class Requests:
     builds and stores through them and ends them (on its thread). Thread-safe."""
 
     def __init__(
-        self, handle: ModelHandle, tokenizer: Any, config: KVBoostConfig, caches: Caches
+        self,
+        handle: ModelHandle,
+        tokenizer: Any,
+        config: KVBoostConfig,
+        caches: Caches,
+        written: WrittenCalls | None = None,
     ) -> None:
         self.handle = handle
+        self.written = written  # answers that made calls, kept to render them as written
         self.tokenizer = tokenizer
         self.config = config
         self.caches = caches
@@ -157,6 +164,8 @@ class Requests:
         ended = request.ended_at or first
         request.timings.decode_ms = (ended - first) * 1e3
         parsed = request.structure.parse(text)
+        if parsed.calls and self.written is not None:
+            self.written.remember(text, parsed.content, parsed.calls)
         reason = self._finish_reason(request, ids, stopped)
         if request.feed is None:
             with self._counting:

@@ -20,6 +20,7 @@ from kvboost_rag.core.prompt.chunker import (
 )
 from kvboost_rag.core.tools.formats import Tool, ToolFormat, format_for
 from kvboost_rag.core.tools.template import render_chat
+from kvboost_rag.core.tools.written import WrittenCalls
 
 # What stands for the passages after a prefix given as text: a word, as passages begin.
 _PLACEHOLDER = "Text"
@@ -41,9 +42,11 @@ class PromptEncoder:
         context_window: int,
         max_passage_tokens: int,
         tool_result_notes: bool = False,
+        written: WrittenCalls | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tool_result_notes = tool_result_notes
+        self.written = written  # calls the engine returned, rendered as the model wrote them
         self.context_window = context_window
         self.max_passage_tokens = max_passage_tokens
         self.special_prefix = _special_prefix(tokenizer)  # e.g. [BOS] where the tokenizer adds it
@@ -120,6 +123,7 @@ class PromptEncoder:
                 tools,
                 fmt or self.tool_format(),
                 self.tool_result_notes,
+                self.written,
             )
         except TemplateError as error:
             raise ChatTemplateError(

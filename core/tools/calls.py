@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,3 +76,18 @@ def read_call(
 def unfenced(text: str) -> str:
     match = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
     return match.group(1) if match else text
+
+
+def call_key(name: str, arguments: Mapping[str, Any]) -> str:
+    """A call as one string: equal for calls the guard counts as the same."""
+    return json.dumps([name, _canonical(dict(arguments))], sort_keys=True)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value

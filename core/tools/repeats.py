@@ -15,28 +15,12 @@ is a whole number equal to the int (``2 == 2.0``, as JSON Schema's "integer" cou
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvboost_rag.core.tools.calls import ToolCall
+from kvboost_rag.core.tools.calls import ToolCall, call_key
 from kvboost_rag.core.tools.template import as_call
-
-
-def call_key(name: str, arguments: Mapping[str, Any]) -> str:
-    """A call as one string: equal for calls the guard counts as the same."""
-    return json.dumps([name, _canonical(dict(arguments))], sort_keys=True)
-
-
-def _canonical(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    return value
 
 
 def answered_calls(messages: Sequence[Mapping[str, Any]]) -> frozenset[str]:

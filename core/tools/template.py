@@ -4,7 +4,8 @@ A template that renders ``tools=`` gets them there; one that does not (SmolLM2's
 gets them in the system message, with the format's instructions. Assistant ``tool_calls``
 and ``tool`` results are passed to templates that render them, else written as text in the
 format the model is asked to use: calls as the format writes them, results in
-``<tool_response>`` tags of a user turn. Rendering is deterministic, so each agent step's
+``<tool_response>`` tags of a user turn. Calls this engine returned are written back as the
+model wrote them (``written.py``). Rendering is deterministic, so each agent step's
 prompt extends the previous one token for token and its KV is read from the cache.
 
 With ``notes`` (``KVBoostConfig.tool_result_notes``) and tools offered, a result in the
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvboost_rag.core.tools.formats import Tool, ToolCall, ToolFormat, function_of
+from kvboost_rag.core.tools.written import WrittenCalls
 
 FALLBACK_INSTRUCTIONS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -70,14 +72,16 @@ def render_chat(
     tools: Sequence[Tool],
     fmt: ToolFormat,
     notes: bool = False,
+    written: WrittenCalls | None = None,
 ) -> str:
     """The prompt text for ``messages`` (and ``tools``), generation prompt included;
     ``notes``: tool results as ``noted_result`` writes them where tools are offered, in the
-    Hermes format."""
+    Hermes format; ``written``: an assistant turn whose calls it holds, as they were
+    written."""
     support = TemplateSupport.of(getattr(tokenizer, "chat_template", None))
     # A request that offers no tools asks for the answer: no note (SmolLM2-135M copied it)
     made = _calls_made(messages) if notes and tools and fmt.name == "hermes" else None
-    dicts = [_message(m, support, fmt, made) for m in messages]
+    dicts = [_message(m, support, fmt, made, written) for m in messages]
     kwargs: dict[str, Any] = {}
     if tools and support.tools:
         kwargs["tools"] = [dict(t) for t in tools]
@@ -119,6 +123,7 @@ def _message(
     support: TemplateSupport,
     fmt: ToolFormat,
     made: dict[str | None, str] | None = None,
+    written: WrittenCalls | None = None,
 ) -> dict:
     role = message["role"]
     content = message.get("content") or ""
@@ -127,6 +132,9 @@ def _message(
         return {"role": "user", "content": noted_result(call, content)}
     calls = [as_call(c) for c in message.get("tool_calls") or []]
     if role == "assistant" and calls:
+        text = written.text_of(content, calls) if written is not None else None
+        if text is not None:
+            return {"role": role, "content": text}
         if support.tool_calls:
             return {"role": role, "content": content, "tool_calls": [hf_call(c) for c in calls]}
         rendered = "\n".join(fmt.render(c) for c in calls)

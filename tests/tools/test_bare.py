@@ -213,3 +213,16 @@ def test_the_real_qwen_s_bare_json_answer_comes_back_as_a_call() -> None:
     result = engine.chat(ask, tools=tools, max_new_tokens=40)
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("multiply", {"a": 12, "b": 7})]
     assert result.text == "" and result.finish_reason == "tool_calls"
+    # The next step renders the call as written, not in <tool_call> tags the model never
+    # wrote: its prompt continues the answer, whose KV is read (all but the end token's,
+    # which no forward computed), not computed again.
+    (call,) = result.tool_calls
+    history = [
+        *ask,
+        {"role": "assistant", "content": result.text, "tool_calls": result.tool_calls},
+        {"role": "tool", "tool_call_id": call.id, "content": "84"},
+    ]
+    answer = engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert answer in engine.tokenizer.decode(engine.tokenize_chat(history, tools=tools))
+    second = engine.chat(history, tools=tools, max_new_tokens=1)
+    assert second.reused_tokens == result.prompt_tokens + len(result.token_ids) - 1
