@@ -41,15 +41,23 @@ class Sampler:
         max_new_tokens: int,
         cancel: threading.Event,
         extra: LogitsProcessorList | None = None,
+        stops: StoppingCriteria | None = None,
     ) -> None:
+        """``stops``: the matcher of ``sampling.stop``, built once for every request with
+        those stops (else built here, as ``generate`` does)."""
         config = sampling.generation_config(model.generation_config, max_new_tokens)
+        if stops is not None:
+            config.stop_strings = None
         self.processors = hf_compat.logits_processors(
             model, config, prompt_tokens, extra or LogitsProcessorList()
         )
         config.max_length = prompt_tokens + max_new_tokens  # what generate derives
         self.max_length = config.max_length
         self.stopping = hf_compat.stopping_criteria(
-            model, config, tokenizer, StoppingCriteriaList([CancelCriteria(cancel)])
+            model,
+            config,
+            tokenizer,
+            StoppingCriteriaList([CancelCriteria(cancel), *([stops] if stops is not None else [])]),
         )
         self.do_sample = bool(config.do_sample)
         self.generator = None

@@ -66,6 +66,31 @@ def test_stop_string_ends_text_before_it(llama: KVBoost) -> None:
     assert "".join(deltas) == result.text and all(stop not in d for d in deltas)
 
 
+def test_a_stop_set_s_matcher_is_built_once(
+    llama: KVBoost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building one reads the whole vocabulary (0.5-1 s a request on Qwen2.5's): it was
+    built twice per answer, once to check the stops and once by the sampler."""
+    from transformers import StopStringCriteria
+
+    built: list[list[str]] = []
+    real = StopStringCriteria.__init__
+
+    def counted(self: StopStringCriteria, tokenizer: object, stop_strings: list[str]) -> None:
+        built.append(list(stop_strings))
+        real(self, tokenizer, stop_strings)
+
+    monkeypatch.setattr(StopStringCriteria, "__init__", counted)
+    full = llama.generate(PROMPT, max_new_tokens=24)
+    stop = full.text[5:8]
+    for _ in range(3):
+        result = llama.generate(PROMPT, max_new_tokens=24, stop=[stop])
+        assert result.text == full.text[: full.text.find(stop)]
+    assert list(llama.stream(PROMPT, max_new_tokens=24, stop=stop)) and built == [[stop]]
+    llama.generate(PROMPT, max_new_tokens=4, stop=[stop, "zz"])
+    assert built == [[stop], [stop, "zz"]]
+
+
 def test_length_finish_reason(llama: KVBoost) -> None:
     result = llama.generate(PROMPT, max_new_tokens=3)
     assert (len(result.token_ids), result.finish_reason) == (3, "length")
