@@ -155,9 +155,13 @@ class Requests:
         cancel: threading.Event,
     ) -> Sampler:
         grammar = structure.grammar(self.constrainer.special)
-        extra = LogitsProcessorList(
-            [self.constrainer.processor(grammar)] if grammar is not None else []
-        )
+        try:
+            extra = LogitsProcessorList(
+                [self.constrainer.processor(grammar)] if grammar is not None else []
+            )
+        except ValueError as error:  # named, so a server can say which field it was
+            field = "tools" if structure.tools else "response_format"
+            raise ValueError(f"{field}: {error}") from error
         max_new = min(sampling.max_new_tokens, self.handle.context_window - len(prompt.tokens))
         model = self.handle.model
         stops = self.stop_criteria(sampling.stop)

@@ -60,6 +60,38 @@ def function_of(tool: Tool) -> Mapping[str, Any]:
     return function
 
 
+# How deep a JSON schema (tool parameters, response_format) may nest, in JSON levels.
+# OpenAI's structured outputs take 10 levels of objects (~25 JSON levels); the engine walks
+# a schema recursively, and one nested ~400 levels exhausts Python's recursion limit.
+MAX_SCHEMA_DEPTH = 64
+# Where a tool's ``$ref`` may point: a call nests the parameters inside a schema of its own
+# and moves their definitions to its root (``call_schema``), so any other pointer ("#"
+# itself, "#/properties/...") would resolve against the call, not the parameters.
+REF_ROOTS = ("#/$defs/", "#/definitions/")
+
+
+def check_schema(schema: Any, what: str, nested: bool = False) -> None:
+    """``ValueError`` naming ``what`` for a schema whose lists and objects nest deeper than
+    MAX_SCHEMA_DEPTH (walked without recursion: a deep one is what recursion cannot walk);
+    ``nested`` (a tool's parameters): also for a ``$ref`` outside ``REF_ROOTS``."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, Mapping):
+            ref = value.get("$ref")
+            if nested and ref is not None and not str(ref).startswith(REF_ROOTS):
+                raise ValueError(
+                    f"{what}: $ref {ref!r} points inside the parameters, which a call nests in "
+                    "a schema of its own; move the shared part to $defs and point at "
+                    "'#/$defs/<name>'"
+                )
+            value = list(value.values())
+        if isinstance(value, list):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels of JSON")
+            stack.extend((child, depth + 1) for child in value)
+
+
 def parameters_of(tool: Tool) -> dict[str, Any]:
     params = function_of(tool).get("parameters") or {"type": "object", "properties": {}}
     return dict(params)

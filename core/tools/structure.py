@@ -28,6 +28,7 @@ from kvboost_rag.core.tools.formats import (
     SpecialToken,
     Tool,
     ToolFormat,
+    check_schema,
     parameters_of,
     strict_schema,
     tool_name,
@@ -154,6 +155,7 @@ def json_schema(response_format: Mapping[str, Any]) -> dict[str, Any]:
         inner = response_format.get("json_schema") or {}
         schema = inner.get("schema") if isinstance(inner, Mapping) else None
         if isinstance(schema, Mapping):
+            check_schema(schema, "response_format's schema")
             return dict(schema)
     raise ValueError(
         "response_format must be {'type': 'json_object'} or {'type': 'json_schema', "
@@ -204,7 +206,7 @@ class GrammarProcessor(BitmaskProcessor):
 
     def bitmask(self) -> np.ndarray:
         if self.matcher.is_error():
-            raise RuntimeError(f"constrained decoding failed: {self.matcher.get_error()}")
+            raise RuntimeError(f"constrained decoding failed: {said(self.matcher.get_error())}")
         return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
 
 
@@ -225,7 +227,9 @@ class Constrainer:
         tokenizer = self._llg_tokenizer()
         matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"cannot constrain decoding to this format: {matcher.get_error()}")
+            raise ValueError(
+                f"cannot constrain decoding to this format: {said(matcher.get_error())}"
+            )
         return GrammarProcessor(matcher, tokenizer.vocab_size)
 
     def special(self, text: str) -> int | None:
@@ -243,6 +247,13 @@ class Constrainer:
                 self._special = {t: int(i) for t, i in added if view.is_special_token(i)}
                 self._tokenizer = view
             return self._tokenizer
+
+
+def said(error: str) -> str:
+    """An llguidance error's first line: some go on with the parser's statistics as JSON,
+    hundreds of lines a client was sent whole (issue 64)."""
+    line = error.strip().splitlines()[0] if error.strip() else "no reason given"
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = (

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvboost_rag.core.tools.formats import Tool, ToolCall, ToolFormat, function_of
+from kvboost_rag.core.tools.formats import Tool, ToolCall, ToolFormat, check_schema, function_of
 from kvboost_rag.core.tools.written import WrittenCalls
 
 FALLBACK_INSTRUCTIONS = (
@@ -181,8 +181,11 @@ def hf_call(call: ToolCall) -> dict[str, Any]:
 
 
 def check_tools(tools: Sequence[Tool]) -> list[str]:
-    """The tools' names; ``ValueError`` for a malformed tool or a repeated name."""
+    """The tools' names; ``ValueError`` for a malformed tool, a repeated name or parameters
+    the grammar cannot take (``check_schema``)."""
     names = [str(function_of(t)["name"]) for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"tool names must be unique, got {names}")
+    for i, tool in enumerate(tools):
+        check_schema(function_of(tool).get("parameters"), f"tools[{i}] parameters", nested=True)
     return names

@@ -10,6 +10,7 @@ fixed message, the traceback in the server's log only.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,9 +78,26 @@ def engine_error(error: BaseException, prompt: str | None = None) -> APIError:
     if isinstance(error, ContextWindowError):
         return APIError(400, str(error), code="context_length_exceeded", param=prompt)
     if isinstance(error, (ValueError, TypeError)):
-        return APIError(400, str(error), code="invalid_value")
+        return APIError(400, str(error), code="invalid_value", param=param_of(str(error)))
     log.error("request failed", exc_info=error)
     return APIError(500, "the server failed to answer this request; see its log", code=None)
+
+
+# The request fields an engine message may start by naming ("tools[0] parameters: ...",
+# "tool_choice must be ...", "stop strings [...] cannot be written ...").
+ENGINE_FIELDS = frozenset(
+    {"messages", "prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format"}
+    | {"stop", "max_tokens", "temperature", "top_p", "seed", "n"}
+)
+NAMED = re.compile(r"(?P<field>[a-z_]+)(?:\[(?P<index>\d+)\])?")
+
+
+def param_of(message: str) -> str | None:
+    """The field an engine message names first, in OpenAI's ``param`` form (``tools.0``)."""
+    named = NAMED.match(message)
+    if named is None or named["field"] not in ENGINE_FIELDS:
+        return None
+    return named["field"] + (f".{named['index']}" if named["index"] else "")
 
 
 def add_handlers(app: FastAPI) -> None:

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kvboost_rag.core.generation.sampling import MAX_SEED
+from kvboost_rag.core.tools.formats import check_schema
 
 __all__ = [
     "ChatMessage",
@@ -40,24 +41,10 @@ __all__ = [
 Real = Annotated[float, Strict()]  # strict floats still take ints, as JSON has no 1.0 apart
 Int = Annotated[int, Strict()]
 
-# How deep a JSON schema (tool parameters, response_format) may nest, in JSON levels.
-# OpenAI's structured outputs take 10 levels of objects (~25 JSON levels); the engine walks
-# a schema recursively, and one nested ~400 levels exhausts Python's recursion limit.
-MAX_SCHEMA_DEPTH = 64
-
 
 def _shallow(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema``, refused when its lists and objects nest deeper than MAX_SCHEMA_DEPTH
-    (walked iteratively: a deep one is what cannot be recursed into)."""
-    stack: list[tuple[Any, int]] = [(schema, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            value = list(value.values())
-        if isinstance(value, list):
-            if depth > MAX_SCHEMA_DEPTH:
-                raise ValueError(f"nests deeper than {MAX_SCHEMA_DEPTH} levels of JSON")
-            stack.extend((child, depth + 1) for child in value)
+    """``schema``, refused when it nests deeper than the engine walks (``check_schema``)."""
+    check_schema(schema, "the schema")
     return schema
 
 

@@ -213,7 +213,7 @@ def _serve_default(name: str, scale: float = 1) -> Callable[[], tuple[str]]:
 
 
 def _schema_depth() -> tuple[str]:
-    from kvboost_rag.serve.schemas import MAX_SCHEMA_DEPTH
+    from kvboost_rag.core.tools.formats import MAX_SCHEMA_DEPTH
 
     return (str(MAX_SCHEMA_DEPTH),)
 

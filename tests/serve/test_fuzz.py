@@ -182,14 +182,20 @@ FOUND = {
     "tool properties not an object (500)": (
         CHAT_PATH,
         chat(tools=tool({"type": "object", "properties": 5})),
-        None,
+        "tools",  # was None
         "properties must be an object",
     ),
     "schema properties not an object (500)": (
         CHAT_PATH,
         chat(response_format=schema({"properties": []})),
-        None,
+        "response_format",  # was None
         "properties must be an object",
+    ),
+    "tool parameters pointing at the root, forced (200, a call named '')": (
+        CHAT_PATH,
+        chat(tools=tool({"$ref": "#"}), tool_choice="required"),
+        "tools.0",
+        "$ref '#' points inside the parameters",
     ),
     "tool parameters 500 deep (500)": (
         CHAT_PATH,

@@ -218,6 +218,33 @@ def test_as_call_reads_the_common_shapes() -> None:
         as_call({"function": {"name": "add", "arguments": "[" * 5000}})
 
 
+def with_parameters(parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP = nested(1000)
+REF_INSIDE = {
+    "type": "object",
+    "properties": {"a": {"type": "string"}, "b": {"$ref": "#/properties/a"}},
+}
+
+
+def test_tool_parameters_may_point_at_their_definitions() -> None:
+    node = {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}
+    parameters = {"$defs": {"Node": node}, "type": "object", "properties": {"head": node}}
+    assert Structure((with_parameters(parameters),), "required").grammar(no_special)
+    assert Structure(
+        response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "#"}}}
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
@@ -228,6 +255,12 @@ def test_as_call_reads_the_common_shapes() -> None:
         ({"response_format": {"type": "yaml"}}, "response_format must be"),
         ({"tool_choice": "required"}, "need tools="),
         ({"parallel": True}, "need tools="),
+        # In process these raised RecursionError, and the server answered a forced call to
+        # the first with 200 and a call named "" (issue 64).
+        ({"tools": (with_parameters(DEEP),)}, r"tools\[0\] parameters nests deeper than 64"),
+        ({"tools": (ADD, with_parameters({"$ref": "#"}))}, r"tools\[1\] parameters: \$ref '#'"),
+        ({"tools": (with_parameters(REF_INSIDE),)}, "points inside the parameters"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}}, "deeper"),
     ],
 )
 def test_structure_rejects_bad_requests(kwargs: dict, error: str) -> None:
