@@ -129,12 +129,16 @@ def tool_calls(result: GenerationResult) -> list[dict[str, Any]]:
 def usage(results: Sequence[GenerationResult], n: int) -> dict[str, Any]:
     """OpenAI's usage for answers in groups of ``n`` per prompt: each prompt counted once,
     as OpenAI counts it, with the tokens the engine reused for its first answer as its
-    cached tokens; the engine's counts for every answer summed under ``kvboost``."""
+    cached tokens; under ``kvboost``, the engine's counts summed over every answer (each
+    answer is a request of its own to the engine: ``n=3`` reads the prompt three times),
+    with ``answers`` saying how many, and the first answer's ``ttft_ms`` and
+    ``reuse_reason``."""
     firsts = results[::n]
     prompt = sum(r.prompt_tokens for r in firsts)
     completion = sum(r.completion_tokens for r in results)
     stats = [result_stats(r) for r in results]
-    kvboost: dict[str, Any] = {key: sum(s[key] for s in stats) for key in SUMMED}
+    kvboost: dict[str, Any] = {"answers": len(results)}
+    kvboost.update({key: sum(s[key] for s in stats) for key in SUMMED})
     kvboost.update(ttft_ms=stats[0]["ttft_ms"], reuse_reason=results[0].reuse_reason)
     # Answers decoded again as text (``core/retry.py``): how many, why, and the repeated
     # calls the repeat guard withheld from them.

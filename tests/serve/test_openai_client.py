@@ -119,10 +119,15 @@ def test_completion_answers_as_generate_and_stops_where_asked(client, embedded: 
 
 def test_n_answers_with_a_seed_differ_and_repeat(client) -> None:
     def ask() -> list[str | None]:
-        reply = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=QUESTION, max_tokens=10, n=2, temperature=1.0, seed=7
         )
+        reply = raw.parse()
         assert [c.index for c in reply.choices] == [0, 1]
+        # OpenAI's usage counts the prompt once; the engine's account, each answer's request
+        usage = json.loads(raw.text)["usage"]
+        assert usage["kvboost"]["answers"] == 2
+        assert usage["kvboost"]["prompt_tokens"] == 2 * usage["prompt_tokens"]
         return [c.message.content for c in reply.choices]
 
     first = ask()
