@@ -77,11 +77,7 @@ def qwen_step_two(tokenizer, tools: list[dict], noted: bool = True) -> list[int]
     followed by what to do next (``KVBoostConfig.tool_result_notes``)."""
     call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
     text = noted_result('add({"a": 2, "b": 3})', "5")
-    result = (
-        {"role": "user", "content": text}
-        if noted
-        else {"role": "tool", "content": "5"}
-    )
+    result = {"role": "user", "content": text} if noted else {"role": "tool", "content": "5"}
     messages = [
         {"role": "system", "content": "Use a tool."},
         {"role": "user", "content": PROMPT},
