@@ -48,6 +48,7 @@ def _settings(args: argparse.Namespace) -> Any:
     limits = {
         "max_body_bytes": args.max_body_bytes,
         "max_queue": args.max_queue,
+        "max_answers": args.max_answers,
         "request_timeout_s": args.request_timeout,
     }
     try:
@@ -106,6 +107,9 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--cache-dir", type=cache_folder, help="the disk tier of passage KV")
     s.add_argument("--remote-url", help="the shared tier: redis://host:6379/0")
     s.add_argument("--max-queue", type=positive, help="requests in flight before 429")
+    s.add_argument(
+        "--max-answers", type=positive, help="answers a request may ask for (prompts x n)"
+    )
     s.add_argument("--max-body-bytes", type=at_least(1), help="larger bodies get 413")
     s.add_argument("--request-timeout", type=_seconds, help="seconds before a request gets 504")
     s.add_argument(

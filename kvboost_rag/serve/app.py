@@ -132,6 +132,18 @@ class Runner:
                 param="model",
             )
 
+    def check_answers(self, answers: int, n: int) -> None:
+        limit = self.settings.max_answers
+        if answers > limit:
+            prompts = answers // n
+            raise APIError(
+                400,
+                f"this request asks for {answers} answers ({prompts} prompt(s) x n={n}); this "
+                f"server answers at most {limit} a request (kvboost-rag serve --max-answers)",
+                code="invalid_value",
+                param="n" if n > 1 else "prompt",
+            )
+
     async def run(
         self,
         request: Request,
@@ -142,7 +154,12 @@ class Runner:
         self.check_model(body.model)
         self.admission.enter()
         try:
-            generation = await open_generation(openers())
+            opened = openers()
+            self.check_answers(len(opened), body.n)
+            generation = await open_generation(opened)
+        except APIError:
+            self.admission.leave()
+            raise
         except Exception as error:
             self.admission.leave()
             raise engine_error(error, "messages" if reply.kind == "chat" else "prompt") from None

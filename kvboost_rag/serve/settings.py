@@ -25,6 +25,10 @@ class ServeSettings:
     max_body_bytes: int = 4 * 2**20
     # Requests in flight at once (decoding or waiting for the model); more get 429.
     max_queue: int = 64
+    # Answers one request may ask for, its prompts times ``n`` (each is a stream decoding on
+    # the model); more are refused with 400. A prompt list of 1,000 with ``n: 16`` opened
+    # 16,000 streams as one request against ``max_queue``. OpenAI's own ``n`` stops at 128.
+    max_answers: int = 128
     # A request that has not finished after this long is cancelled (504).
     request_timeout_s: float = 600.0
     # What a 429 tells the client to wait, in seconds (its Retry-After header).
@@ -39,7 +43,7 @@ class ServeSettings:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key is blank: pass a key, or None for no authentication")
-        for name in ("max_body_bytes", "max_queue", "retry_after_s"):
+        for name in ("max_body_bytes", "max_queue", "max_answers", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("request_timeout_s", "shutdown_timeout_s"):

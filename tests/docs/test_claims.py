@@ -241,6 +241,11 @@ DEFAULTS: list[tuple[str, str, Callable[[], tuple[str, ...]]]] = [
     ),
     (
         "docs/guides/server.md",
+        r"at most `--max-answers` answers \(default (\d+)\)",
+        _serve_default("max_answers"),
+    ),
+    (
+        "docs/guides/server.md",
         r"`--request-timeout` \(default (\d+) s\)",
         _serve_default("request_timeout_s"),
     ),

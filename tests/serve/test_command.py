@@ -28,6 +28,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         ["--request-timeout", "0"],
         ["--request-timeout", "nan"],
         ["--max-queue", "0"],
+        ["--max-answers", "0"],
         ["--max-body-bytes", "-5"],
         ["--dtype", "int3"],
         ["--weights", "int2"],

@@ -86,6 +86,24 @@ def test_a_full_queue_answers_429_with_retry_after(embedded: KVBoost) -> None:
         assert again.status_code == 200
 
 
+def test_more_answers_than_the_server_takes_are_refused_before_any_opens(
+    embedded: KVBoost,
+) -> None:
+    """A prompt list of 1,000 with ``n: 16`` opened 16,000 streams as one request."""
+    engine = Recording(embedded)
+    settings = ServeSettings(model_name=MODEL, port=0, max_answers=4)
+    with serving(engine, settings) as url:  # type: ignore[arg-type]
+        body = {"model": MODEL, "prompt": ["a", "b", "c"], "max_tokens": 1, "n": 2}
+        refused = httpx.post(f"{url}/completions", json=body, timeout=60)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "n" and "6 answers (3 prompt(s) x n=2)" in error["message"]
+        assert "at most 4" in error["message"] and engine.streams == []
+        fits = httpx.post(f"{url}/completions", json={**body, "n": 1}, timeout=60)
+        assert fits.status_code == 200 and len(fits.json()["choices"]) == 3
+        assert _until(lambda: _in_flight(url) == 0)
+
+
 def test_a_request_past_its_time_limit_is_cancelled_and_answered_504(embedded: KVBoost) -> None:
     engine = Recording(embedded)
     settings = ServeSettings(model_name=MODEL, port=0, request_timeout_s=1.0)
