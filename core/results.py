@@ -119,6 +119,9 @@ class WarmResult:
     # cannot hold a cache), "remote" (the shared tier failed or was unavailable; warned
     # about). The CLI's ``warm`` exits 1 for these. A disk write that fails raises instead.
     failed: tuple[str, ...] = ()
+    # Per text given (``warm_passages``): the passages it was split into, pieces of at most
+    # ``max_passage_tokens`` tokens (0: skipped); a piece given twice is still one unit.
+    pieces: tuple[int, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:

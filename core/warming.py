@@ -118,7 +118,7 @@ class Warmer:
         before = self._caches.store.stats()
         head = self._head(prefix)
         conditioning = reuse.cache.prefix(head)
-        found, skipped = self._fitting_pieces(texts, names, len(conditioning.tokens))
+        found, counts = self._fitting_pieces(texts, names, len(conditioning.tokens))
         pieces = list(dict.fromkeys(map(tuple, found)))  # a passage given twice is one entry
         if head:  # the prompts' own head, so their first request reuses it too
             self._warm_exact(head)
@@ -138,9 +138,10 @@ class Warmer:
             new=fetched.encoded,
             bytes=sum(size for size, there in zip(sizes, held) if there),
             seconds=time.perf_counter() - start,
-            skipped=skipped,
+            skipped=counts.count(0) if not isinstance(texts, str) else 0,
             dropped=held.count(False),
             failed=self._failed_tiers(before),
+            pieces=tuple(counts),
         )
 
     def _warn_dropped(self, dropped: int, units: int, what: str, nbytes: int) -> None:
@@ -180,11 +181,11 @@ class Warmer:
 
     def _fitting_pieces(
         self, texts: Sequence[str] | str, names: Sequence[str] | None, prefix_tokens: int
-    ) -> tuple[list[list[int]], int]:
+    ) -> tuple[list[list[int]], list[int]]:
         """Every text's pieces, each text tokenized alone so that one that cannot be
-        encoded after ``prefix_tokens`` tokens is named; and how many texts were skipped
-        with a warning for holding no passage (empty or only whitespace: as the CLI skips
-        such a file, rather than failing the whole warm)."""
+        encoded after ``prefix_tokens`` tokens is named; and how many each text became (0:
+        skipped with a warning for holding no passage, empty or only whitespace, as the
+        CLI skips such a file rather than failing the whole warm)."""
         if isinstance(texts, str):  # a prompt: its marked passages
             groups: list[Sequence[str] | str] = [texts]
             names = names or ["a passage of the prompt"]
@@ -193,15 +194,15 @@ class Warmer:
             names = names or [f"texts[{i}]" for i in range(len(texts))]
         assert len(names) == len(groups), "one name per text"
         pieces: list[list[int]] = []
-        skipped = 0
+        counts: list[int] = []
         for group, name in zip(groups, names):
             own = self._text_pieces(group, name, prefix_tokens)
             if not own and not isinstance(group, str):  # a prompt may mark no passage
                 what = "empty" if not group[0] else "only whitespace"
                 warn(f"kvboost-rag: skipping {name}: it is {what} (no passage to warm)")
-                skipped += 1
             pieces += own
-        return pieces, skipped
+            counts.append(len(own))
+        return pieces, counts
 
     def _text_pieces(
         self, group: Sequence[str] | str, name: str, prefix_tokens: int

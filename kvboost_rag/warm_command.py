@@ -114,8 +114,9 @@ def warm_on_server(args: argparse.Namespace) -> None:
     layout.update({"prefix": args.prefix} if args.prefix is not None else {})
     key = args.api_key or os.environ.get(serve_command.API_KEY_VARIABLE)
     summary = warm_through(args.server, key, [t.page_content for t in texts], layout)
-    counts = {name: summary[name] for name in WarmResult.__dataclass_fields__}
-    report = WarmResult(**{**counts, "failed": tuple(summary["failed"])})
+    counts = {name: summary[name] for name in WarmResult.__dataclass_fields__ if name in summary}
+    lists = {name: tuple(summary.get(name, ())) for name in ("failed", "pieces")}
+    report = WarmResult(**{**counts, **lists})
     print(warmed_line(report, skipped) + f" on {args.server}")
     if report.failed:
         raise CommandFailed(

@@ -67,6 +67,7 @@ def warm_body(result: WarmResult) -> dict[str, Any]:
         "skipped": result.skipped,
         "dropped": result.dropped,
         "failed": list(result.failed),
+        "pieces": list(result.pieces),
         "seconds": round(result.seconds, 3),
     }
 

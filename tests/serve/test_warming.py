@@ -46,6 +46,22 @@ def test_warm_counts_and_is_idempotent(server: ServerProcess) -> None:
     assert again["new"] == 0 and again["cached"] == counts["units"]
 
 
+def test_a_long_document_is_split_into_pieces_and_says_so(server: ServerProcess) -> None:
+    """server.md said a document too long for the context window is refused; warming
+    splits it into pieces of at most max_passage_tokens (512), and the result now says how
+    many each document became."""
+    long = " ".join(
+        f"Sentence {i} tells of river number {i} in a land far away." for i in range(400)
+    )
+    repeated = "water " * 3000
+    counts = post(server, {"documents": [long, repeated, DOCS[0]], "system": SYSTEM}).json()
+    assert counts["documents"] == 3, counts
+    pieces = counts["pieces"]
+    assert len(pieces) == 3 and pieces[0] >= 8 and pieces[1] >= 5 and pieces[2] == 1, pieces
+    # the repeated document's pieces are mostly one piece given again: fewer units
+    assert counts["units"] < sum(pieces)
+
+
 def test_a_chat_after_warming_reuses_the_passages(server: ServerProcess) -> None:
     post(server, {"documents": DOCS, "system": SYSTEM}).raise_for_status()
     client = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
