@@ -196,3 +196,22 @@ def test_the_embedded_model_calls_a_named_tool_and_the_next_step_reuses_the_hist
     second = embedded.chat(history, tools=[ADD, SEARCH], max_new_tokens=8)
     # Everything but the tool result and the turn markers after it comes from the cache.
     assert second.reused_tokens >= first.prompt_tokens + first.completion_tokens - 16
+
+
+def test_a_grammar_error_is_one_line_naming_its_field() -> None:
+    """llguidance's parser errors go on with its statistics as JSON; a client was sent
+    them whole (issue 64). The field comes first, so the server can name it."""
+    from kvboost_rag.core.tools.structure import said
+
+    stats = (
+        'parser error: Too many items (limit 50000)\n{\n  "rows": 43751,\n  "lexer_cost": 2550\n}'
+    )
+    assert said(stats) == "parser error: Too many items (limit 50000)"
+    assert said("x" * 500).endswith("...") and len(said("x" * 500)) == 300
+    tokenizer = make_tokenizer()
+    model = LlamaForCausalLM(LlamaConfig(**_tiny_kwargs(len(tokenizer))))
+    engine = KVBoost(model, tokenizer)
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": 5}}}
+    with pytest.raises(ValueError, match="^response_format: cannot constrain") as raised:
+        engine.chat([{"role": "user", "content": "hi"}], response_format=bad, max_new_tokens=4)
+    assert "\n" not in str(raised.value)
