@@ -108,13 +108,22 @@ class Warmer:
         head's blocks are not counted), checked against the tiers' own stats: ``bytes`` of
         what they hold then, ``dropped`` units they do not (warned), ``failed`` tiers. A
         text that is empty or only whitespace is skipped with a warning naming it
-        (``skipped``). Raises ``ValueError`` for a ``batch_size`` that is
-        not a positive int, ``ContextWindowError`` naming the first text with a piece that
-        does not fit the context window after the prefix.
+        (``skipped``). An engine that reuses no passages (``fidelity="exact"``, or a model
+        whose positions cannot be moved) warns and returns an empty result. Raises
+        ``ValueError`` for a ``batch_size`` that is not a positive int,
+        ``ContextWindowError`` naming the first text with a piece that does not fit the
+        context window after the prefix.
         """
-        reuse = self._passage_reuse_on()
         _check_batch_size(batch_size)
         start = time.perf_counter()
+        documents = 1 if isinstance(texts, str) else len(texts)
+        reuse = self._caches.reuse
+        if reuse is None:  # nothing a request would read: checked, then an empty warm
+            _, counts = self._fitting_pieces(texts, names, len(self._head(prefix)))
+            warn(f"kvboost-rag: nothing warmed: {self._no_reuse()}")
+            seconds = time.perf_counter() - start
+            skipped = counts.count(0) if not isinstance(texts, str) else 0
+            return WarmResult(documents, 0, 0, 0, 0, 0, seconds, skipped, pieces=tuple(counts))
         before = self._caches.store.stats()
         head = self._head(prefix)
         conditioning = reuse.cache.prefix(head)
@@ -131,7 +140,7 @@ class Warmer:
         sizes = [kv_nbytes(kv) for kv in fetched.kv]
         self._warn_dropped(held.count(False), len(pieces), "passages", sum(sizes))
         return WarmResult(
-            documents=1 if isinstance(texts, str) else len(texts),
+            documents=documents,
             units=len(pieces),
             tokens=sum(map(len, pieces)),
             cached=fetched.hits,
@@ -255,9 +264,17 @@ class Warmer:
 
     def _passage_reuse_on(self) -> PassageReuse:
         if self._caches.reuse is None:
-            why = 'fidelity="exact"' if self.config.fidelity == "exact" else self.support.reason
-            raise ValueError(f"passage reuse is off ({why}): there are no passages to warm")
+            raise ValueError(self._no_reuse())
         return self._caches.reuse
+
+    def _no_reuse(self) -> str:
+        """Why this engine reads no passage's KV, and what would."""
+        if self.config.fidelity == "exact":
+            return (
+                'passage reuse is off (fidelity="exact" prefills every prompt whole), so no '
+                'request reads a warmed passage; fidelity="balanced" (the default) does'
+            )
+        return f"passage reuse is off ({self.support.reason}), so no request reads a passage"
 
 
 def _check_batch_size(batch_size: object) -> None:

@@ -183,5 +183,6 @@ def test_length_dependent_rope_falls_back_to_exact_reuse(tokenizer) -> None:
     assert not engine.support.passage_reuse
     result = engine.generate(QUESTION, passages=DOCS, max_new_tokens=2)
     assert result.passages_hit == result.passages_missed == 0
-    with pytest.raises(ValueError, match="passage reuse is off"):
-        engine.warm_passages(DOCS)
+    with pytest.warns(UserWarning, match=r"nothing warmed: passage reuse is off \(.*length"):
+        warmed = engine.warm_passages(DOCS)
+    assert (warmed.documents, warmed.units, warmed.new, warmed.bytes) == (len(DOCS), 0, 0, 0)

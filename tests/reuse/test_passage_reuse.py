@@ -112,8 +112,17 @@ def test_exact_fidelity_never_reuses_passages(tokenizer) -> None:
     engine.generate(QUESTION, passages=DOCS, max_new_tokens=2)
     result = engine.generate(QUESTION, passages=DOCS[::-1], max_new_tokens=2)
     assert result.passages_hit == result.passages_missed == 0
-    with pytest.raises(ValueError, match="passage reuse is off"):
-        engine.warm_passages(DOCS)
+    # Warming it is not an error (the README's warm line is optional): a warning saying
+    # exact reuses no passages, and an empty result, the documents still checked.
+    held = engine.stats().cache.entries  # the prompts' exact prefix blocks
+    with pytest.warns(UserWarning, match='nothing warmed: .*fidelity="exact"'):
+        warmed = engine.warm_passages(DOCS)
+    assert (warmed.documents, warmed.units, warmed.tokens, warmed.new) == (len(DOCS), 0, 0, 0)
+    assert warmed.pieces == (1,) * len(DOCS) and engine.stats().cache.entries == held
+    with pytest.warns(UserWarning, match="skipping texts\[1\]"):
+        assert engine.warm_passages([DOCS[0], " "]).skipped == 1
+    with pytest.raises(ValueError, match="batch_size"):
+        engine.warm_passages(DOCS, batch_size=0)
 
 
 def test_prefix_cache_stops_at_the_first_reused_passage(tokenizer) -> None:
