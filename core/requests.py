@@ -186,9 +186,10 @@ class Requests:
         text = complete(text)  # an answer cut inside a character ends before it
         plan, context = request.plan, request.context
         reused = context.reused if context is not None else 0
-        hits = (
-            plan.hits if context is None or context.passages_hit is None else context.passages_hit
-        )
+        # No context (a request that ended before its KV was built): the cache's passages
+        # were found, not used.
+        hits = context.passages_hit if context is not None else 0
+        unused = context.passages_unused if context is not None else plan.hits
         first = request.first_at or request.ended_at or time.perf_counter()
         ended = request.ended_at or first
         request.timings.decode_ms = (ended - first) * 1e3
@@ -212,8 +213,9 @@ class Requests:
             total_ms=(ended - request.start) * 1e3,
             timings=request.timings,
             passages_hit=hits,
-            passages_missed=len(plan.passages) - hits,
-            passages_foreign=plan.foreign,
+            passages_missed=len(plan.passages) - hits - unused,
+            passages_unused=unused,
+            passages_foreign=context.passages_foreign if context is not None else 0,
             reuse_reason=f"{plan.route}: {plan.why}",
             tool_calls=parsed.calls,
             invalid_tool_calls=parsed.invalid,

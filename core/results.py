@@ -68,8 +68,13 @@ class GenerationResult:
     ttft_ms: float
     total_ms: float
     timings: Timings = field(default_factory=Timings)
-    passages_hit: int = 0  # passages whose KV came from the passage cache
-    passages_missed: int = 0  # passages encoded for this request (and now cached)
+    # Passages of the prompt after its exact prefix, each counted once among: ``hit``, its
+    # stored KV used (some positions of it kept after the repair); ``unused``, the cache held
+    # it but the answer did not use it (the policy prefilled the prompt plainly, as
+    # ``reuse_reason`` says, or the repair recomputed all of it); ``missed``, the cache did
+    # not hold it (encoded for this request when others were reused, and cached).
+    passages_hit: int = 0
+    passages_missed: int = 0
     # Of the hits, passages whose KV was encoded after another prompt prefix than this
     # one's (the "nearest" fallback): close to, not equal to, what the prompt's own prefix
     # gives. Warm with prefix= to make it 0.
@@ -77,6 +82,7 @@ class GenerationResult:
     # How the engine reused the prompt and why (the reuse policy's words): e.g. "reuse: 3
     # of 3 passages cached: reused and repaired", "prefill: no passage after the exact prefix".
     reuse_reason: str = ""
+    passages_unused: int = 0  # see ``passages_hit``
     # Calls the answer made when tools were offered (``text`` is then the content outside
     # them), and output that looked like a call but could not be read as one.
     tool_calls: list[ToolCall] = field(default_factory=list)

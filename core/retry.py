@@ -92,6 +92,7 @@ class Again:
             timings=_summed(first.timings, retry.timings),
             passages_hit=first.passages_hit,
             passages_missed=first.passages_missed,
+            passages_unused=first.passages_unused,
             passages_foreign=first.passages_foreign,
             reuse_reason=first.reuse_reason,
             withheld_tool_calls=self.withheld,

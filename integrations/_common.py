@@ -133,6 +133,7 @@ def result_stats(result: GenerationResult) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "passages_hit": result.passages_hit,
         "passages_missed": result.passages_missed,
+        "passages_unused": result.passages_unused,
         "passages_foreign": result.passages_foreign,
         "reuse_reason": result.reuse_reason,
         # Why the answer was decoded again as text ("" if it was not), and the repeated

@@ -3,6 +3,10 @@ strings, one after the other on one engine, and building the stop matcher alone 
 the tokenizer's whole vocabulary). Run it on two commits, one after the other, to compare.
 
     python -m benchmarks.stops --model qwen2.5-coder-0.5b-instruct --out /tmp/stops
+
+Issue 64's run (2-core AMD EPYC, bf16): a stop added 607 ms to an 8-token answer when the
+matcher was built twice a request, 15 ms once built once per stop set
+(``docs/bench/stops-qwen2.5-coder-0.5b-instruct-{before,after}.txt``).
 """
 
 from __future__ import annotations

@@ -18,8 +18,11 @@ class Context:
     fill: list[int]  # positions still to compute, ascending; the last is the prompt's last
     # token (its logits give the first generated token)
     reused: int  # prompt tokens whose KV came from a cache and was kept
-    # Passages whose KV was read from the passage cache; None on routes that read none.
-    passages_hit: int | None = None
+    passages_hit: int = 0  # passages whose stored KV the answer used (some of it kept)
+    # Passages the cache held whose KV the answer did not use: the policy prefilled the
+    # prompt plainly, or the repair recomputed every position of theirs.
+    passages_unused: int = 0
+    passages_foreign: int = 0  # of the hits, those encoded after another prefix
 
 
 def build_context(
@@ -28,8 +31,8 @@ def build_context(
     """Runs the model (misses, a repair probe): call it on the executor's thread."""
     with timings.stage("assemble"):
         write_blocks(row, lookup.blocks, plan.exact)
-    if plan.route != "reuse":
-        return Context(list(range(plan.exact, plan.length + 1)), plan.exact)
+    if plan.route != "reuse":  # what the cache held goes unused
+        return Context(list(range(plan.exact, plan.length + 1)), plan.exact, 0, plan.hits)
     assert reuse is not None, "a reuse plan needs passage reuse"
     assert plan.prefix is not None, "a reuse plan knows its passages' prefix"
     passages = [p.tokens for p in plan.passages]
@@ -41,7 +44,11 @@ def build_context(
         reuse.assemble(plan, found, row)
     with timings.stage("repair"):
         fill, kept = reuse.repair(plan, row)
-    return Context(fill, plan.exact + kept, found.hits)
+    computed = set(fill)
+    stored = [p for p, kv in zip(plan.passages, known) if kv is not None]
+    used = [p for p in stored if not all(i in computed for i in range(p.start, p.end))]
+    foreign = sum(p.source != plan.prefix for p in used)
+    return Context(fill, plan.exact + kept, len(used), len(stored) - len(used), foreign)
 
 
 def write_blocks(row: RowKV, blocks: list[LayerKV], upto: int) -> None:

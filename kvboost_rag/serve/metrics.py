@@ -69,7 +69,8 @@ class Metrics:
         )
         self.passages = Counter(
             "kvboost_passages",
-            "Passages of finished answers' prompts: hit (KV reused) or missed (encoded).",
+            "Passages of finished answers' prompts: hit (stored KV used), unused (stored, not "
+            "used) or missed (not stored).",
             labelnames=("result",),
             registry=self.registry,
         )
@@ -93,6 +94,7 @@ class Metrics:
             self.tokens.labels("cached").inc(result.reused_tokens)
             self.passages.labels("hit").inc(result.passages_hit)
             self.passages.labels("missed").inc(result.passages_missed)
+            self.passages.labels("unused").inc(result.passages_unused)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

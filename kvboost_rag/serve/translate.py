@@ -34,6 +34,7 @@ SUMMED = (
     "recomputed_tokens",
     "passages_hit",
     "passages_missed",
+    "passages_unused",
     "passages_foreign",
 )
 

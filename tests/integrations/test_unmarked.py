@@ -66,7 +66,8 @@ def test_a_default_stuff_documents_chain_hits_every_warmed_passage(
     docs = [Document(page_content=t) for t in TEXTS[::-1][:3]]
     chain.invoke({"context": docs, "input": "Which costs 6?"}, config={"callbacks": [stats]})
     (answer,) = stats.stats
-    assert (answer["passages_hit"], answer["passages_missed"]) == (3, 0)
+    # found (used, or recomputed whole by the repair on this random model)
+    assert (answer["passages_hit"] + answer["passages_unused"], answer["passages_missed"]) == (3, 0)
 
 
 def test_an_f_string_prompt_hits_passages_at_any_offset(engine: KVBoost) -> None:
@@ -74,13 +75,16 @@ def test_an_f_string_prompt_hits_passages_at_any_offset(engine: KVBoost) -> None
     for picked in (TEXTS[:2], [TEXTS[3], TEXTS[1], TEXTS[0]]):
         context = "\n".join(f"- {t}" for t in picked)
         result = engine.generate(f"Facts:\n{context}\nWhich costs 3?\n", max_new_tokens=2)
-        assert (result.passages_hit, result.passages_missed) == (len(picked), 0)
+        assert (result.passages_hit + result.passages_unused, result.passages_missed) == (
+            len(picked),
+            0,
+        )
 
 
 def test_a_passage_seen_marked_is_found_unmarked_next_time(engine: KVBoost) -> None:
     engine.generate("Q?", passages=TEXTS[:2], max_new_tokens=1)
     result = engine.generate(f"Read: {TEXTS[1]} And: {TEXTS[0]} Q?", max_new_tokens=1)
-    assert (result.passages_hit, result.passages_missed) == (2, 0)
+    assert (result.passages_hit + result.passages_unused, result.passages_missed) == (2, 0)
 
 
 # -- LlamaIndex ----------------------------------------------------------------------
@@ -138,7 +142,7 @@ def test_a_default_query_engine_hits_every_warmed_passage(
     index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=3).query("Which costs 6?")
     assert sent.stats
     # compact and tree_summarize read all three in one call; refine one call per node
-    assert sum(s["passages_hit"] for s in sent.stats) >= 3
+    assert sum(s["passages_hit"] + s["passages_unused"] for s in sent.stats) >= 3
     assert all(s["passages_missed"] == 0 for s in sent.stats)
 
 
@@ -151,7 +155,7 @@ def test_paragraphs_seen_in_one_unmarked_prompt_are_found_in_the_next(engine: KV
     engine.flush()
     later = "Docs:\n\n" + "\n\n".join([long[2], long[0]]) + "\n\nWhich costs 6?"
     result = engine.generate(later, max_new_tokens=1)
-    assert (result.passages_hit, result.passages_missed) == (2, 0)
+    assert (result.passages_hit + result.passages_unused, result.passages_missed) == (2, 0)
 
 
 def test_passages_warmed_to_disk_are_found_unmarked_by_a_later_engine(tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -164,7 +168,7 @@ def test_passages_warmed_to_disk_are_found_unmarked_by_a_later_engine(tokenizer,
     first.flush()
     later = KVBoost(model, tokenizer, config)
     result = later.generate(f"Facts: {TEXTS[2]}\n{TEXTS[0]}\nWhich costs 6?", max_new_tokens=1)
-    assert (result.passages_hit, result.passages_missed) == (2, 0)
+    assert (result.passages_hit + result.passages_unused, result.passages_missed) == (2, 0)
 
 
 def keyword_embedding() -> Any:

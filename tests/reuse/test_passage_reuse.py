@@ -43,7 +43,9 @@ def test_full_recompute_decodes_like_generate(tokenizer, sampling: dict) -> None
     prompt = passage(DOCS[0]) + passage(DOCS[1]) + QUESTION
     assert engine.warm_passages(prompt).new == 2
     result = engine.generate(prompt, max_new_tokens=8, seed=3, **sampling)
-    assert result.passages_hit == 2 and result.timings.repair_ms > 0
+    # every position recomputed: both stored passages found, neither used
+    assert (result.passages_hit, result.passages_unused) == (0, 2)
+    assert result.timings.repair_ms > 0
     torch.manual_seed(3)
     ids = torch.tensor([engine.tokenize(prompt)])
     out = engine.model.generate(ids, max_new_tokens=8, do_sample=bool(sampling), **sampling)
@@ -61,7 +63,7 @@ def test_first_token_follows_the_model_generation_config(tokenizer, sampling: di
     prompt = passage(DOCS[0]) + passage(DOCS[1]) + QUESTION
     engine.warm_passages(prompt)
     result = engine.generate(prompt, max_new_tokens=6, seed=5, **sampling)
-    assert result.passages_hit == 2
+    assert result.passages_unused == 2 and result.timings.repair_ms > 0
     torch.manual_seed(5)
     ids = torch.tensor([engine.tokenize(prompt)])
     out = engine.model.generate(ids, max_new_tokens=6, do_sample=bool(sampling), **sampling)

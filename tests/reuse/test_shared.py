@@ -79,7 +79,7 @@ def test_shared_repair_with_no_budget_is_a_full_prefill(arch: str, tokenizer) ->
     engine.warm_passages(LOOK_ALIKE, prefix=head)
     prompt = head + "".join(passage(d) + "\n" for d in LOOK_ALIKE[::-1]) + "Code for blue?"
     result = engine.generate(prompt, max_new_tokens=1)
-    assert result.passages_hit == 3
+    assert result.passages_hit + result.passages_unused == 3  # found, mostly recomputed
     tokens = engine.tokenize(prompt)
     with torch.no_grad():
         full = engine.model(torch.tensor([tokens])).logits[0, -1]

@@ -51,7 +51,7 @@ def test_warmed_documents_are_hits_in_later_prompts(engine: KVBoost) -> None:
     assert (report.documents, report.units, report.new, report.cached) == (3, 3, 3, 0)
     assert report.tokens > 0 and report.bytes > 0 and report.tokens_per_s > 0
     result = engine.generate("Which item?", passages=DOCS[2::-1], max_new_tokens=2)
-    assert (result.passages_hit, result.passages_missed) == (3, 0)
+    assert (result.passages_hit + result.passages_unused, result.passages_missed) == (3, 0)  # found
     again = warm_corpus(engine, DOCS, batch_size=2, progress=False)
     assert (again.cached, again.new) == (3, 2)
 
@@ -62,7 +62,10 @@ def test_long_documents_split_like_prompts(tokenizer) -> None:
     report = warm_corpus(engine, [long_doc], progress=False)
     assert report.units > 1
     result = engine.generate("Which item?", passages=[long_doc], max_new_tokens=2)
-    assert (result.passages_hit, result.passages_missed) == (report.units, 0)
+    assert (result.passages_hit + result.passages_unused, result.passages_missed) == (
+        report.units,
+        0,
+    )
 
 
 def test_bad_targets_and_documents(engine: KVBoost) -> None:
@@ -169,7 +172,15 @@ def reuse(result) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
     return result.passages_hit, result.passages_foreign, result.passages_missed
 
 
-def test_a_prompt_prefix_is_reused_exactly(engine: KVBoost) -> None:
+@pytest.fixture
+def keeping(tokenizer) -> KVBoost:
+    """An engine whose repair keeps most of each passage (a fixed 15%): passages used."""
+    config = KVBoostConfig(block_tokens=8, repair="deviation", recompute_ratio=0.15)
+    return KVBoost(make_model("llama"), tokenizer, config)
+
+
+def test_a_prompt_prefix_is_reused_exactly(keeping: KVBoost) -> None:
+    engine = keeping
     prompt = "Answer from these.\n" + format_passages(DOCS[:3]) + "Which item?"
     warm_corpus(engine, DOCS, prefix=prompt, progress=False)
     again = "Answer from these.\n" + format_passages(DOCS[2::-1]) + "Which costs 6?"
@@ -178,7 +189,8 @@ def test_a_prompt_prefix_is_reused_exactly(engine: KVBoost) -> None:
     assert engine.passage_prefix("Answer from these.\n") == engine.passage_prefix(prompt)
 
 
-def test_a_chat_prefix_is_reused_exactly_and_none_is_foreign(engine: KVBoost) -> None:
+def test_a_chat_prefix_is_reused_exactly_and_none_is_foreign(keeping: KVBoost) -> None:
+    engine = keeping
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": format_passages(DOCS[:2]) + "Which item?"},

@@ -24,7 +24,9 @@ def engine(**config: object) -> KVBoost:
 
 
 def held_passages(one: KVBoost, docs: list[str]) -> int:
-    return one.generate("Which?", passages=docs, max_new_tokens=1).passages_hit
+    """The passages of ``docs`` a request finds stored (used, or recomputed whole)."""
+    result = one.generate("Which?", passages=docs, max_new_tokens=1)
+    return result.passages_hit + result.passages_unused
 
 
 # -- row 2: the tier that failed ---------------------------------------------------------

@@ -62,10 +62,22 @@ def test_a_long_document_is_split_into_pieces_and_says_so(server: ServerProcess)
     assert counts["units"] < sum(pieces)
 
 
+# Long enough to be reused: the engine prefills passages of under 64 tokens plainly, and
+# counts them unused (``passages_unused``), not hit.
+LONG_DOCS = [
+    f"{DOCS[0]} It rises in the Massif Central and flows north, then west, through Orleans, "
+    "Tours and Nantes; its valley holds hundreds of castles built in the sixteenth century, "
+    "and the whole valley between Sully and Chalonnes is a World Heritage Site.",
+    f"{DOCS[1]} It stands on the border of France and Italy, above Chamonix and Courmayeur, "
+    "and a road tunnel of 11.6 kilometres runs beneath it between the two countries; it "
+    "was first climbed in 1786 by Jacques Balmat and Michel Paccard.",
+]
+
+
 def test_a_chat_after_warming_reuses_the_passages(server: ServerProcess) -> None:
-    post(server, {"documents": DOCS, "system": SYSTEM}).raise_for_status()
+    post(server, {"documents": LONG_DOCS, "system": SYSTEM}).raise_for_status()
     client = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
-    question = "\n\n".join(DOCS) + "\n\nWhat is the longest river in France?"
+    question = "\n\n".join(LONG_DOCS) + "\n\nWhat is the longest river in France?"
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
     assert reply.usage.prompt_tokens_details.cached_tokens > 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
+from conftest import found, make_model, make_tokenizer
 from redis_server import VALUES, ClusterProcess, require_binary
 from warm_worker import corpus
 
@@ -79,7 +79,7 @@ def until_served(
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         results.append(fresh_answer(engine))
-        if results[-1].passages_hit == len(DOCS):
+        if found(results[-1]) == len(DOCS):
             return results
         between()
         time.sleep(0.2)
@@ -124,14 +124,14 @@ def test_a_killed_master_without_replica_is_one_warning_then_local_serving(
     writer = make_engine(redis_cluster.url)
     writer.warm_passages(DOCS)
     engine = make_engine(redis_cluster.url)
-    assert answer(engine).passages_hit == len(DOCS)  # connected, layout known
+    assert found(answer(engine)) == len(DOCS)  # connected, layout known
     engine.clear_cache()
     victim = redis_cluster.primaries()[0]
     victim.kill()
     results: list[GenerationResult] = []
     seen = recording(lambda: results.extend(fresh_answer(engine) for _ in range(4)))
     assert len(seen) == 1 and "unavailable" in seen[0], seen
-    assert results[0].passages_hit < len(DOCS)  # the dead master's passages recomputed
+    assert found(results[0]) < len(DOCS)  # the dead master's passages recomputed
     for result in results:
         assert_right(result, expected, cold)
     assert not engine.stats().remote.available  # type: ignore[union-attr]
@@ -187,14 +187,14 @@ def test_a_manual_failover_is_followed_without_a_warning(
         writer.flush()
         cluster.wait_until(cluster.synced, "the replicas to catch up")
         engine = make_engine(cluster.url)
-        assert answer(engine).passages_hit == len(DOCS)
+        assert found(answer(engine)) == len(DOCS)
         for master in cluster.primaries():  # every slot changes hands
             cluster.fail_over(cluster.replica_of(master))
         engine.clear_cache()
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # MOVED from a demoted master is followed
             result = answer(engine)
-        assert (result.passages_hit, result.token_ids) == (len(DOCS), expected)
+        assert (found(result), result.token_ids) == (len(DOCS), expected)
         assert same_kv(writer, engine) >= len(DOCS)
 
 
@@ -204,7 +204,7 @@ def test_a_migrating_slot_is_followed_through_ask_and_moved(
     writer = make_engine(redis_cluster.url)
     writer.warm_passages(DOCS)
     engine = make_engine(redis_cluster.url)
-    assert answer(engine).passages_hit == len(DOCS)  # the engine's layout is now stale
+    assert found(answer(engine)) == len(DOCS)  # the engine's layout is now stale
     masters = redis_cluster.primaries()
     names = [n for m in masters for n in redis_cluster.client(m).keys(VALUES)]
     sources = {}
@@ -219,7 +219,7 @@ def test_a_migrating_slot_is_followed_through_ask_and_moved(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # redirections are followed, never warned about
         result = answer(engine)
-    assert (result.passages_hit, result.token_ids) == (len(DOCS), expected)
+    assert (found(result), result.token_ids) == (len(DOCS), expected)
     assert same_kv(writer, engine) >= len(DOCS)
     assert redirections(redis_cluster, sources[False], "ASK") > 0
     assert redirections(redis_cluster, sources[True], "MOVED") > 0
@@ -247,9 +247,9 @@ def test_a_node_out_of_memory_refuses_writes_with_one_warning(
     result: list[GenerationResult] = []
     seen = recording(lambda: (result.append(answer(reader)), reader.flush()))
     assert all("OutOfMemoryError" in w for w in seen), seen  # a refused write, never a read
-    assert 0 < result[0].passages_hit < len(DOCS)  # the full master's passages recomputed
+    assert 0 < found(result[0]) < len(DOCS)  # the full master's passages recomputed
     assert_right(result[0], expected, cold)
-    assert same_kv(engine, reader) >= result[0].passages_hit
+    assert same_kv(engine, reader) >= found(result[0])
 
 
 def test_a_cluster_down_at_start_warns_once_and_serves_locally(cold: list[int]) -> None:

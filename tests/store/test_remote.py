@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
+from conftest import found, make_model, make_tokenizer
 from redis_server import VALUES, RedisProcess, Trickle, free_port
 from warm_worker import corpus
 
@@ -78,7 +78,7 @@ def test_a_second_engine_serves_the_corpus_from_redis_without_encoding(
     assert a.stats().remote.writes == len(DOCS)  # type: ignore[union-attr]
     b = make_engine(redis_server.url, tmp_path / "b")
     result = b.generate(QUESTION, passages=DOCS, max_new_tokens=6)
-    assert (result.passages_hit, result.passages_missed) == (len(DOCS), 0)
+    assert (found(result), result.passages_missed) == (len(DOCS), 0)
     assert result.token_ids == expected  # passage KV from Redis is bit for bit a's
     b._store.flush()
     remote, disk = b.stats().remote, b.stats().disk
@@ -141,7 +141,7 @@ def test_damaged_and_foreign_values_are_dropped_and_recomputed(
     b = make_engine(redis_server.url)
     with pytest.warns(UserWarning, match="dropping damaged shared cache value"):
         result = b.generate(QUESTION, passages=DOCS, max_new_tokens=6)
-    assert (result.passages_hit, result.passages_missed) == (len(DOCS) - 3, 3)
+    assert (found(result), result.passages_missed) == (len(DOCS) - 3, 3)
     assert same_kv(a, b) >= len(DOCS)  # what b holds is what a computed: nothing damaged
     assert b.stats().remote.corrupt == 3  # type: ignore[union-attr]
     b._store.flush()  # the recomputed KV replaced the damaged values
@@ -275,9 +275,9 @@ def test_keys_the_server_evicts_are_misses_and_nothing_else(tmp_path: Path) -> N
                 for i in range(0, 60, 6)
             ]
             reader.flush()  # its writes reach the server before the server stops
-        found = sum(r.passages_hit for r in hits)
-        assert 0 < found < len(docs) and sum(r.passages_missed for r in hits) == 60 - found
-        assert same_kv(writer, reader) >= found  # every value read is the writer's, bit for bit
+        stored = sum(found(r) for r in hits)
+        assert 0 < stored < len(docs) and sum(r.passages_missed for r in hits) == 60 - stored
+        assert same_kv(writer, reader) >= stored  # every value read is the writer's, bit for bit
 
 
 def test_values_over_the_servers_limit_are_skipped(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
+from conftest import found, make_model, make_tokenizer
 from warm_worker import corpus
 
 from kvboost_rag import KVBoost, KVBoostConfig
@@ -66,7 +66,7 @@ def test_a_planted_disk_file_is_removed_with_the_secret(tmp_path: Path) -> None:
         result = reader.generate("Which code?", passages=docs, max_new_tokens=1)
     assert result.passages_missed == 3 and reader.stats().disk.corrupt == 3  # type: ignore[union-attr]
     trusting = engine(tmp_path / "elsewhere", None)  # without a secret they are served
-    assert trusting.generate("Which code?", passages=docs, max_new_tokens=1).passages_hit == 3
+    assert found(trusting.generate("Which code?", passages=docs, max_new_tokens=1)) == 3
 
 
 def test_the_secret_comes_from_the_environment_and_never_shows(monkeypatch) -> None:
