@@ -46,7 +46,6 @@ from kvboost_rag.core.store.tiers import open_tiers
 from kvboost_rag.core.tools.formats import Tool
 from kvboost_rag.core.tools.repeats import RepeatGuard, answered_calls
 from kvboost_rag.core.tools.structure import ResponseFormat, Structure
-from kvboost_rag.core.tools.written import WrittenCalls
 from kvboost_rag.core.warming import Warmer
 
 
@@ -70,13 +69,11 @@ class KVBoost:
         self._handle = ModelHandle.of(model, measured)
         self.support = self._handle.support
         self.context_window = self._handle.context_window
-        written = WrittenCalls()  # the calls answers made, to render them back as written
         self._prompts = PromptEncoder(
             tokenizer,
             self.context_window,
             self.config.max_passage_tokens,
             self.config.tool_result_notes,
-            written,
         )
         self._store = open_tiers(self.config, self.fingerprint)
         self._caches = Caches(
@@ -97,7 +94,9 @@ class KVBoost:
             self._caches,
             self._handle.executor,
         )
-        self._requests = Requests(self._handle, tokenizer, self.config, self._caches, written)
+        self._requests = Requests(
+            self._handle, tokenizer, self.config, self._caches, self._prompts.written
+        )
         executor = self._handle.executor
         executor.warm_up(self.config.packed_head, self.config.packed_linears, measured)
         executor.compile_step(self.config.compiled_step)

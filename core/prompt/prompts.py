@@ -42,11 +42,10 @@ class PromptEncoder:
         context_window: int,
         max_passage_tokens: int,
         tool_result_notes: bool = False,
-        written: WrittenCalls | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tool_result_notes = tool_result_notes
-        self.written = written  # calls the engine returned, rendered as the model wrote them
+        self.written = WrittenCalls()  # calls the engine returned, rendered as the model wrote them
         self.context_window = context_window
         self.max_passage_tokens = max_passage_tokens
         self.special_prefix = _special_prefix(tokenizer)  # e.g. [BOS] where the tokenizer adds it

@@ -4,6 +4,7 @@ computes."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from kvboost_rag.core.model.kv import LayerKV
@@ -44,9 +45,11 @@ def build_context(
         reuse.assemble(plan, found, row)
     with timings.stage("repair"):
         fill, kept = reuse.repair(plan, row)
-    computed = set(fill)
     stored = [p for p, kv in zip(plan.passages, known) if kv is not None]
-    used = [p for p in stored if not all(i in computed for i in range(p.start, p.end))]
+    # ``fill`` ascends: a passage is unused when every one of its positions is in it
+    used = [
+        p for p in stored if bisect_left(fill, p.end) - bisect_left(fill, p.start) < p.end - p.start
+    ]
     foreign = sum(p.source != plan.prefix for p in used)
     return Context(fill, plan.exact + kept, len(used), len(stored) - len(used), foreign)
 
