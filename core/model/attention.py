@@ -48,6 +48,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from kvboost_rag.core.model import attention_kernel
 from kvboost_rag.core.model.hf_compat import (
     GROUPED_HEADS,
     attention_implementation,
@@ -280,12 +281,18 @@ def few_query_attention(
     kv_heads, keys = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
+    if mask is not None:
+        mask = mask[:, :, -q:, :keys]  # [batch, 1, q, keys]
+    if compute == torch.float32:  # our kernel, where it takes these tensors
+        out = attention_kernel.compute(query, key, value, mask, scale)
+        if out is not None:
+            return out
     # query head h reads key-value head h // groups (``repeat_kv``'s order)
     grouped = query.reshape(batch, kv_heads, groups * q, dim).to(compute)
     scores = torch.matmul(grouped, key.to(compute).transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores.view(batch, kv_heads, groups, q, keys)
-        mask = mask[:, :, None, -q:, :keys]  # [batch, 1, 1, q, keys]
+        mask = mask[:, :, None]  # [batch, 1, 1, q, keys]
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:

@@ -1,5 +1,7 @@
-"""The CPU kernel for weights kept in a GGUF's blocks (``kernels/block_gemm.c``): built once
-per machine with the system's C compiler into the cache root, loaded with ctypes.
+"""The CPU kernels of our own (``kernels/*.c``): built once per machine with the system's C
+compiler into the cache root, loaded with ctypes. ``block_gemm.c`` multiplies activations by
+weights kept in a GGUF's blocks; ``few_query_attention.c`` is a decoding step's attention
+over a cache read in its own dtype (``attention.py`` says why).
 
 No maintained CPU kernel multiplies many rows by 4-bit weights without dequantizing them
 (measured on this torch: ``_weight_int4pack_mm_for_cpu`` reads its weights once per input
@@ -24,6 +26,7 @@ from functools import cache
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("kernels") / "block_gemm.c"
+ATTENTION = SOURCE.with_name("few_query_attention.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 
@@ -47,38 +50,43 @@ def available() -> bool:
     return missing() is None
 
 
-def version() -> str:
-    """What names the kernel's numerics and layouts: its source and flags (a key part of
-    the packed weights cached on disk)."""
-    digest = hashlib.blake2b(SOURCE.read_bytes() + " ".join(FLAGS).encode(), digest_size=6)
+def version(source: Path = SOURCE) -> str:
+    """What names a kernel's numerics and layouts: its source and flags (the block kernel's
+    is a key part of the packed weights cached on disk)."""
+    digest = hashlib.blake2b(source.read_bytes() + " ".join(FLAGS).encode(), digest_size=6)
     return digest.hexdigest()
 
 
 @cache
-def library(cache_root: Path) -> ctypes.CDLL:
-    """The built kernel (built into ``cache_root/kernels`` the first time)."""
+def library(cache_root: Path, source: Path = SOURCE) -> ctypes.CDLL:
+    """The built kernel of ``source`` (built into ``cache_root/kernels`` the first time)."""
     reason = missing()
     if reason:
-        raise RuntimeError(f"the GGUF block kernel cannot run: {reason}")
-    built = cache_root / "kernels" / f"block_gemm-{version()}.so"
+        raise RuntimeError(f"the {source.stem} kernel cannot run: {reason}")
+    built = cache_root / "kernels" / f"{source.stem}-{version(source)}.so"
     if not built.exists():
-        _build(built)
+        _build(built, source)
     lib = ctypes.CDLL(str(built))
-    lib.block_linear.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int, _int,
-                                 _ptr, _ptr, _i64, _int]  # fmt: skip
-    lib.block_linear.restype = _int
+    if source == SOURCE:
+        lib.block_linear.argtypes = [_ptr, _int, _i64, _i64, _int, _ptr, _ptr, _ptr, _int,
+                                     _int, _ptr, _ptr, _i64, _int]  # fmt: skip
+        lib.block_linear.restype = _int
+    else:
+        lib.few_query_attention.argtypes = [_ptr, _int, _ptr, _ptr, _int, _ptr, *[_i64] * 15,
+                                            ctypes.c_float, _ptr, _int]  # fmt: skip
+        lib.few_query_attention.restype = _int
     return lib
 
 
-def _build(target: Path) -> None:
+def _build(target: Path, source: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
     os.close(fd)
-    command = [str(_compiler()), *FLAGS, "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
+    command = [str(_compiler()), *FLAGS, "-fopenmp", "-shared", "-fPIC", str(source), "-o", tmp]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         os.unlink(tmp)
-        raise RuntimeError(f"building the GGUF block kernel failed: {done.stderr[-1500:]}")
+        raise RuntimeError(f"building the {source.stem} kernel failed: {done.stderr[-1500:]}")
     os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.model import block_kernel
+from kvboost_rag.core.model import attention_choice, block_kernel
 from kvboost_rag.core.model.blocks import BlockLinear, cache_file, pack, unpack, use_blocks
 from kvboost_rag.core.model.embedded import embedded_available, gguf_path
 from kvboost_rag.core.model.gguf_blocks import Levels, dequantized
@@ -161,8 +161,15 @@ def test_levels_that_do_not_give_the_loaded_weight_leave_it_dense(
     assert "layers.3.mlp.up_proj" in caplog.text and "left dense" in caplog.text
 
 
-def test_an_engine_on_blocks_answers_as_generate_on_the_same_model() -> None:
+def test_an_engine_on_blocks_answers_as_generate_on_the_same_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     smollm2_or_skip()
+    # The engine's steps take SDPA, generate's attention: which form they take is timed
+    # (``attention_choice``), and SmolLM2's two forms time within noise in float32. With
+    # our few-query kernel its sums' order differs from SDPA's by a last bit, and this
+    # answer's step 9 (generate's logits 0.16 apart) went the other way in 3 of 16 runs.
+    monkeypatch.setattr(attention_choice, "faster", lambda shape, dtype: False)
     embedded = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32", weights="gguf")
     assert not any(type(m) is torch.nn.Linear for m in embedded.model.modules())
     assert "int4-gguf" in embedded.inspect.profile().weights
