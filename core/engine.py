@@ -23,7 +23,6 @@ from kvboost_rag.core.generation.sampling import SamplingOptions
 from kvboost_rag.core.generation.streaming import GenerationStream
 from kvboost_rag.core.inspection import Inspection
 from kvboost_rag.core.model import measurements
-from kvboost_rag.core.model.blocks import store_weights
 from kvboost_rag.core.model.loading import (
     check_device,
     check_dtype,
@@ -35,6 +34,7 @@ from kvboost_rag.core.model.loading import (
     resolve_model_path,
 )
 from kvboost_rag.core.model.quantized import check_weights, weights_for
+from kvboost_rag.core.model.stored_weights import store_weights
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.requests import Requests

@@ -23,9 +23,10 @@ import torch
 from kvboost_rag.core.model import block_kernel
 from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
 from kvboost_rag.core.model.packed import median_seconds
-from kvboost_rag.core.model.quantized import ROW_COUNTS, quantize
+from kvboost_rag.core.model.quantized import ROW_COUNTS
 
 log = logging.getLogger(__name__)
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernel reads and writes
 
 
 class BlockLinear(torch.nn.Module):
@@ -50,19 +51,29 @@ class BlockLinear(torch.nn.Module):
         self.costs: dict[int, float] = {}  # seconds per row count, once measured (``measure``)
         self.cache_root = cache_root  # where the built kernel is (not the library: deep copies)
         block_kernel.library(cache_root)  # built now, not in a request
+        # the layers that read this one's input, multiplied together (``sibling_blocks.py``),
+        # and this layer's index among them
+        self.siblings: Any = None
+        self.sibling = 0
 
     @property
     def kind(self) -> str:
         return f"int{self.bits}-gguf"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A decoding step calls ~200 of these: each torch call left out here is ~1 us of a
+        # call that reads a small layer in ~10 (``docs/bench/decode.md``).
+        if self.siblings is not None:
+            return self.siblings.output(self.sibling, x)  # type: ignore[no-any-return]
         flat = x.reshape(-1, self.in_features)
-        dtype = flat.dtype if flat.dtype in (torch.bfloat16, torch.float32) else torch.float32
-        flat = flat.to(dtype).contiguous()
-        out = torch.empty(flat.shape[0], self.out_features, dtype=dtype)
+        if flat.dtype not in KERNEL_DTYPES:
+            flat = flat.float()
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        out = torch.empty(flat.shape[0], self.out_features, dtype=flat.dtype)
         mins, bias = self.mins, self.bias
-        failed = block_kernel.library(self.cache_root).block_linear(
-            flat.data_ptr(), dtype == torch.bfloat16, flat.shape[0], self.in_features,
+        failed = self.kernel(
+            flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
             self.group, self.q.data_ptr(), self.scale.data_ptr(),
             mins.data_ptr() if mins.numel() else None, self.zero, self.bits,
             None if bias is None else bias.data_ptr(), out.data_ptr(), self.out_features,
@@ -70,7 +81,13 @@ class BlockLinear(torch.nn.Module):
         )  # fmt: skip
         if failed:
             raise MemoryError(f"no memory for a {tuple(flat.shape)} input's quantized copy")
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        if out.dtype is not x.dtype:
+            out = out.to(x.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    @property
+    def kernel(self) -> Any:
+        return block_kernel.library(self.cache_root).block_linear
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the blocks stand for ([out, in], ``dtype``)."""
@@ -124,18 +141,6 @@ def unpack(
     per_row = lambda t: t.permute(0, 2, 1).reshape(rows, -1).float().repeat_interleave(group, 1)  # noqa: E731
     w = per_row(scale) * (levels_.float() - zero)
     return w + per_row(mins) if mins.numel() else w
-
-
-def store_weights(
-    model: Any, kind: str | None, folder: str | Path, gguf: Any, cache_root: Path
-) -> None:
-    """``model``'s linear layers stored as ``kind`` (``quantized.weights_for``'s answer):
-    a GGUF's blocks (``use_blocks``), quantized from float, or left as they are (None)."""
-    if kind == "gguf":
-        assert gguf is not None
-        use_blocks(model, Path(folder), gguf, cache_root)
-    elif kind is not None:
-        quantize(model, kind)
 
 
 def cache_file(folder: Path) -> Path:
