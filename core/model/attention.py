@@ -20,7 +20,9 @@ took 45 ms there in fp32 against 29 ms without the copy, and 8 rows of 3 queries
 keys 131 ms through the kernel's grouped heads against 76 ms as matrix products. So the
 engine's own forwards (``Forward.rows``) take that form for up to ``FEW_QUERIES`` queries
 a row (``few_query_attention``): scores, softmax and weighted sum in float32, the query
-heads of a group and their queries one matrix against their key-value head, read once.
+heads of a group and their queries one matrix against their key-value head, read once, on
+our own kernel where it runs (``attention_kernel.py``: the cache read in its own dtype, not
+copied to float32 every step).
 Which form is faster depends on the CPU: in bf16 SDPA's grouped heads beat it on a Xeon
 with AMX (0.12 against 0.22 ms a layer for one query over 900 keys at Qwen2.5-Coder-1.5B's
 shape), and lost tenfold on an AMD EPYC without AMX (1.19 against 0.14 ms; 8 rows 10.2
