@@ -98,6 +98,8 @@ def install(model: Any) -> bool:
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     if attention_implementation(model) != NAME:
         model.set_attn_implementation(NAME)
+    if model.device.type == "cpu":
+        attention_kernel.prepare()  # built now (once a machine), not in a first request
     return True
 
 
