@@ -72,6 +72,8 @@ def test_few_query_attention_takes_the_kernel_and_matches_the_torch_form() -> No
     full = torch.ones(2, 1, 5, 310, dtype=torch.bool)  # as the step's mask: wider, more rows
     full[:, :, -2:, :300] = mask[:, 0:1]
     via = few_query_attention(None, query, key, value, full, None)
+    kernel = attention_kernel.compute(query, key, value, full[:, :, -2:, :300], 128**-0.5)
+    assert kernel is not None and torch.equal(via, kernel)  # the boolean mask took the kernel
     torch_form = few_query_attention(None, query, key, value, full.float().log(), None)
     torch.testing.assert_close(via.float(), torch_form.float(), rtol=2**-7, atol=1e-3)
 

@@ -21,11 +21,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define VERSION 1
 #define CHUNK 256
 #define ROWS 8 /* queries a pass over a chunk keeps in registers */
-
-int few_query_attention_version(void) { return VERSION; }
 
 /* 16 values at ``p`` as float32 (``bf16``: bfloat16, widened exactly). */
 static inline __m512 load16(const void *p, int bf16) {
