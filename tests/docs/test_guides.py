@@ -55,3 +55,14 @@ def test_the_guides_named_in_the_issue_are_there() -> None:
         "troubleshooting",
     ):
         assert f"{name}.md" in guides, name
+
+
+def test_the_models_guide_opens_with_every_way_to_name_a_model() -> None:
+    """A new user read its first paragraph and found neither GGUF files nor the Qwen
+    aliases, which only server.md and `serve --help` named (issue 64)."""
+    from kvboost_rag.core.model.embedded import EMBEDDED_MODELS
+
+    opening = (ROOT / "docs/guides/models.md").read_text(encoding="utf-8").split("\n## ")[0]
+    named = [f'`"{alias}"`' for alias in EMBEDDED_MODELS] + ["GGUF file", "gguf_file="]
+    named += ["`kvboost-rag convert FILE.gguf --out DIR`", "`kvboost-rag models`"]
+    assert [name for name in named if name not in opening] == []

@@ -215,3 +215,30 @@ def test_a_grammar_error_is_one_line_naming_its_field() -> None:
     with pytest.raises(ValueError, match="^response_format: cannot constrain") as raised:
         engine.chat([{"role": "user", "content": "hi"}], response_format=bad, max_new_tokens=4)
     assert "\n" not in str(raised.value)
+
+
+def deep_object(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("parameters", "choice", "said"),
+    [
+        (deep_object(1000), "auto", r"^tools\[0\] parameters nests deeper than 64 levels"),
+        ({"$ref": "#"}, "required", r"^tools\[0\] parameters: \$ref '#' points inside"),
+    ],
+)
+def test_chat_refuses_a_tool_schema_it_cannot_constrain(parameters, choice, said) -> None:
+    """In process the deep one raised RecursionError, and a forced call to the other was
+    answered with a call named "" (only the server checked schemas; issue 64)."""
+    tokenizer = make_tokenizer()
+    engine = KVBoost(LlamaForCausalLM(LlamaConfig(**_tiny_kwargs(len(tokenizer)))), tokenizer)
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    ask = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=said):
+        engine.chat(ask, tools=[tool], tool_choice=choice, max_new_tokens=4)
+    with pytest.raises(ValueError, match=said):
+        list(engine.stream_chat(ask, tools=[tool], tool_choice=choice, max_new_tokens=4))
