@@ -180,6 +180,26 @@ def test_a_forced_tool_call_comes_back_in_openai_shape(client) -> None:
     assert json.loads(calls[0].function.arguments) == json.loads(call.function.arguments)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_schema_that_cannot_be_constrained_is_a_400_naming_it(client, stream) -> None:
+    """A forced call to parameters that point at the call's own root was answered 200 with
+    a call named "" (issue 64): refused before any stream opens, the field named."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            tools=[WEATHER, tool],
+            tool_choice="required",
+            max_tokens=8,
+            stream=stream,
+        )
+    error = refused.value.body
+    assert refused.value.status_code == 400 and error["param"] == "tools.1", error
+    assert error["message"].startswith("tools[1] parameters: $ref '#' points inside"), error
+    assert "\n" not in error["message"] and len(error["message"]) < 300, error
+
+
 def test_a_conversation_with_a_tool_result_is_answered(client) -> None:
     call = {
         "id": "call_1",
