@@ -35,6 +35,7 @@ class BlockLinear(torch.nn.Module):
     q: torch.Tensor  # the kernel's layout (block_gemm.c)
     scale: torch.Tensor
     mins: torch.Tensor
+    units: torch.Tensor  # Q4_K's units (empty for the other formats)
     info: torch.Tensor  # out, in, zero, bits, group
 
     def __init__(
@@ -46,6 +47,7 @@ class BlockLinear(torch.nn.Module):
         self.register_buffer("q", packed["q"])
         self.register_buffer("scale", packed["scale"])
         self.register_buffer("mins", packed.get("mins", torch.empty(0, dtype=torch.float16)))
+        self.register_buffer("units", packed.get("units", torch.empty(0, dtype=torch.float16)))
         self.register_buffer("info", packed["info"])
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), False)
         self.costs: dict[int, float] = {}  # seconds per row count, once measured (``measure``)
@@ -72,13 +74,21 @@ class BlockLinear(torch.nn.Module):
             flat = flat.contiguous()
         out = torch.empty(flat.shape[0], self.out_features, dtype=flat.dtype)
         mins, bias = self.mins, self.bias
-        failed = self.kernel(
-            flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
-            self.group, self.q.data_ptr(), self.scale.data_ptr(),
-            mins.data_ptr() if mins.numel() else None, self.zero, self.bits,
-            None if bias is None else bias.data_ptr(), out.data_ptr(), self.out_features,
-            torch.get_num_threads(),
-        )  # fmt: skip
+        if self.units.numel():
+            failed = self.kernel_k4(
+                flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
+                self.q.data_ptr(), self.scale.data_ptr(), mins.data_ptr(),
+                self.units.data_ptr(), None if bias is None else bias.data_ptr(),
+                out.data_ptr(), self.out_features, torch.get_num_threads(),
+            )  # fmt: skip
+        else:
+            failed = self.kernel(
+                flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
+                self.group, self.q.data_ptr(), self.scale.data_ptr(),
+                mins.data_ptr() if mins.numel() else None, self.zero, self.bits,
+                None if bias is None else bias.data_ptr(), out.data_ptr(), self.out_features,
+                torch.get_num_threads(),
+            )  # fmt: skip
         if failed:
             raise MemoryError(f"no memory for a {tuple(flat.shape)} input's quantized copy")
         if out.dtype is not x.dtype:
@@ -89,9 +99,13 @@ class BlockLinear(torch.nn.Module):
     def kernel(self) -> Any:
         return block_kernel.library(self.cache_root).block_linear
 
+    @property
+    def kernel_k4(self) -> Any:
+        return block_kernel.library(self.cache_root).block_linear_k4
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the blocks stand for ([out, in], ``dtype``)."""
-        return unpack(self.q, self.scale, self.mins, self.info).to(dtype)
+        return unpack(self.q, self.scale, self.mins, self.info, self.units).to(dtype)
 
     def extra_repr(self) -> str:
         return (
@@ -100,8 +114,9 @@ class BlockLinear(torch.nn.Module):
         )
 
 
-def supports(rows: int, inputs: int, lv_group: int) -> bool:
-    return rows % 16 == 0 and inputs % max(8, lv_group) == 0
+def supports(rows: int, inputs: int, lv: Levels) -> bool:
+    per = 256 if lv.units is not None else max(8, lv.group)
+    return rows % 16 == 0 and inputs % per == 0
 
 
 def pack(lv: Levels) -> dict[str, torch.Tensor]:
@@ -118,7 +133,13 @@ def pack(lv: Levels) -> dict[str, torch.Tensor]:
         "scale": _by_block(lv.scale),
         "info": torch.tensor([rows, inputs, lv.zero, lv.bits, lv.group], dtype=torch.int64),
     }
-    if lv.mins is not None:
+    if lv.units is not None:  # Q4_K: sub-blocks' minimums in pairs, units per 256 inputs
+        assert lv.mins is not None and lv.bits == 4 and lv.group == 32
+        mins = torch.from_numpy(np.ascontiguousarray(lv.mins)).view(rows // 16, 16, -1, 2)
+        out["mins"] = mins.permute(0, 2, 1, 3).contiguous()
+        units = torch.from_numpy(np.ascontiguousarray(lv.units)).view(rows // 16, 16, -1, 2)
+        out["units"] = units.permute(0, 2, 3, 1).contiguous()
+    elif lv.mins is not None:
         out["mins"] = _by_block(lv.mins)
     return out
 
@@ -129,10 +150,20 @@ def _by_block(per_row: np.ndarray) -> torch.Tensor:
 
 
 def unpack(
-    q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor, info: torch.Tensor
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    mins: torch.Tensor,
+    info: torch.Tensor,
+    units: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """float32 [out, in]: ``pack``'s inverse, dequantized."""
     rows, inputs, zero, bits, group = info.tolist()
+    if units is not None and units.numel():  # Q4_K: d * sc and -dmin * m
+        unit = units.permute(0, 3, 1, 2).reshape(rows, -1, 1, 2).float()
+        sc = scale.permute(0, 2, 1).reshape(rows, -1, 8).float()
+        m = mins.permute(0, 2, 1, 3).reshape(rows, -1, 8).float()
+        scale = (unit[..., 0] * sc).reshape(rows // 16, 16, -1).permute(0, 2, 1)
+        mins = (-unit[..., 1] * m).reshape(rows // 16, 16, -1).permute(0, 2, 1)
     if bits == 8:
         levels_ = q.permute(0, 2, 1, 3).reshape(rows, inputs)
     else:
@@ -222,7 +253,7 @@ def _from_gguf(model: Any, gguf: Path) -> dict[str, dict[str, torch.Tensor]]:
             heads = text.num_attention_heads if found.endswith("q") else text.num_key_value_heads
             lv = _unpermuted(lv, heads)
         rows, inputs = lv.q.shape
-        if not supports(rows, inputs, lv.group) or (rows, inputs) != tuple(linear.weight.shape):
+        if not supports(rows, inputs, lv) or (rows, inputs) != tuple(linear.weight.shape):
             continue
         if not _matches(lv, linear.weight):
             log.warning(
@@ -239,18 +270,14 @@ def _unpermuted(lv: Levels, heads: int) -> Levels:
     rows = lv.q.shape[0]
     order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
     # transformers' w.reshape(h, d, 2, ...).swapaxes(2, 1): its row i is the file's order[i]
-    take = lambda a: None if a is None else a[order]  # noqa: E731
-    return lv._replace(q=lv.q[order], scale=lv.scale[order], mins=take(lv.mins))
+    return lv.rows(order)
 
 
 def _matches(lv: Levels, weight: torch.Tensor, samples: int = 8) -> bool:
     """Whether sampled rows of the levels dequantize to the loaded weight (to its dtype's
     rounding and fp16 scales')."""
     rows = np.linspace(0, lv.q.shape[0] - 1, samples).astype(np.int64)
-    sample = lv._replace(
-        q=lv.q[rows], scale=lv.scale[rows], mins=None if lv.mins is None else lv.mins[rows]
-    )
-    ours = torch.from_numpy(dequantized(sample))
+    ours = torch.from_numpy(dequantized(lv.rows(rows)))
     loaded = weight.detach()[torch.from_numpy(rows)].float()
     tolerance = 2**-7 * loaded.abs().amax(1, keepdim=True) + 1e-6
     return bool(((ours - loaded).abs() <= tolerance).all())

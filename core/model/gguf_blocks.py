@@ -3,14 +3,15 @@ and, per group of 16 or 32 inputs, a scale and a minimum, W = scale * (q - zero)
 
 Every block format the embedded models ship decodes to that form with no second rounding
 of its levels: Q4_0 / Q4_1 / Q4_K (4-bit levels, groups of 32), Q5_0 / Q5_1 / Q5_K and
-Q8_0 (5 or 8 bits, kept in a byte), Q6_K (6 bits in a byte, groups of 16). The scales are
-kept in fp16: the legacy formats' own (exact); the K formats' two-level scales (an fp16
-unit times a 6- or 8-bit multiplier, up to 19 significant bits) and mins rounded to fp16's
-11, which moves a weight by under a sixtieth of one level (at most 1/64 over every Q4_K and
-Q6_K tensor of the embedded Gemma 3 and Qwen 0.5B files). fp32 scales would be exact and
-add a bit a weight to what a 4-bit decoding step reads (5 bits a weight with fp16). The
-decoders follow ggml's block layouts (``ggml-quants.c``);
-``tests/model/test_gguf_blocks.py`` checks each against gguf-py's dequantization.
+Q8_0 (5 or 8 bits, kept in a byte), Q6_K (6 bits in a byte, groups of 16). Q4_K keeps its
+scales as the file holds them (``Levels.units``: an fp16 unit per 256 inputs times a 6-bit
+multiplier per 32, for the scales and for the minimums), which the kernel multiplies in
+integers. The other formats' scales are kept in fp16: the legacy formats' own (exact);
+Q5_K's and Q6_K's two-level scales (up to 19 significant bits) rounded to fp16's 11, which
+moves a weight by under a sixtieth of one level (at most 1/64 over every Q6_K tensor of the
+embedded Gemma 3 and Qwen 0.5B files). The decoders follow ggml's block layouts
+(``ggml-quants.c``); ``tests/model/test_gguf_blocks.py`` checks each against gguf-py's
+dequantization.
 """
 
 from __future__ import annotations
@@ -22,11 +23,32 @@ import numpy as np
 
 class Levels(NamedTuple):
     q: np.ndarray  # uint8 [rows, inputs], unsigned levels
-    scale: np.ndarray  # float16 [rows, inputs / group]
+    scale: np.ndarray  # float16 [rows, inputs / group] (uint8 multipliers with ``units``)
     mins: np.ndarray | None  # float16 like scale; None: symmetric (min = 0)
     zero: int  # subtracted from every level (symmetric formats)
     bits: int  # 4: levels fit a nibble; 8: a byte
     group: int  # inputs per scale
+    # Q4_K's two-level scales as the file holds them: float16 [rows, inputs / 256, 2], the
+    # unit d and the minimums' unit dmin of each 256 inputs; then ``scale`` and ``mins`` are
+    # its 6-bit multipliers sc and m (uint8) and W = d * sc * q - dmin * m, nothing rounded
+    units: np.ndarray | None = None
+
+    def scales(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """float32 [rows, inputs / group]: each group's scale and minimum (None: symmetric)."""
+        if self.units is None:
+            mins = None if self.mins is None else self.mins.astype(np.float32)
+            return self.scale.astype(np.float32), mins
+        per = self.units.shape[1]
+        unit = np.repeat(self.units.astype(np.float32), self.scale.shape[1] // per, axis=1)
+        assert self.mins is not None
+        return unit[..., 0] * self.scale, -unit[..., 1] * self.mins
+
+    def rows(self, index: np.ndarray) -> Levels:
+        """The levels of rows ``index`` only."""
+        take = lambda a: None if a is None else a[index]  # noqa: E731
+        return self._replace(
+            q=self.q[index], scale=self.scale[index], mins=take(self.mins), units=take(self.units)
+        )
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -81,13 +103,10 @@ def _k4_levels(qs: np.ndarray) -> np.ndarray:
     return np.stack([chunks & 0x0F, chunks >> 4], axis=2).reshape(-1, 256)
 
 
-def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     sc, m = _k_scales(blocks[:, 4:16])
-    return (
-        _k4_levels(blocks[:, 16:144]),
-        _f16(blocks, 0)[:, None] * sc,
-        -_f16(blocks, 2)[:, None] * m,
-    )
+    units = blocks[:, 0:4].copy().view(np.float16)  # d, dmin
+    return _k4_levels(blocks[:, 16:144]), sc.astype(np.uint8), m.astype(np.uint8), units
 
 
 def _q5_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,7 +155,13 @@ def levels(data: np.ndarray, kind: str, inputs: int) -> Levels:
         return Levels(
             q.reshape(rows, inputs), scale.reshape(rows, -1).astype(np.float16), None, 32, 8, 16
         )
-    q, scale, mins = (_q4_k if kind == "Q4_K" else _q5_k)(blocks)
+    if kind == "Q4_K":
+        q, sc, m, units = _q4_k(blocks)
+        return Levels(
+            q.reshape(rows, inputs), sc.reshape(rows, -1), m.reshape(rows, -1), 0, 4, 32,
+            units.reshape(rows, -1, 2),
+        )  # fmt: skip
+    q, scale, mins = _q5_k(blocks)
     return Levels(
         q.reshape(rows, inputs),
         scale.reshape(rows, -1).astype(np.float16),
@@ -149,8 +174,8 @@ def levels(data: np.ndarray, kind: str, inputs: int) -> Levels:
 
 def dequantized(lv: Levels) -> np.ndarray:
     """float32 [rows, inputs]: what the levels stand for."""
-    scale = np.repeat(lv.scale.astype(np.float32), lv.group, axis=1)
-    w = scale * (lv.q.astype(np.float32) - lv.zero)
-    if lv.mins is not None:
-        w += np.repeat(lv.mins.astype(np.float32), lv.group, axis=1)
+    scale, mins = lv.scales()
+    w = np.repeat(scale, lv.group, axis=1) * (lv.q.astype(np.float32) - lv.zero)
+    if mins is not None:
+        w += np.repeat(mins, lv.group, axis=1)
     return w

@@ -24,7 +24,7 @@ import torch
 
 from kvboost_rag.core.model.blocks import BlockLinear
 
-PARTS = ("q", "scale", "mins")  # the packed tensors, [out / 16, ...] each
+PARTS = ("q", "scale", "mins", "units")  # the packed tensors, [out / 16, ...] each
 
 
 class Siblings:
@@ -96,4 +96,5 @@ def join(model: Any) -> int:
 
 
 def _format(layer: BlockLinear) -> tuple[Any, ...]:
-    return (layer.in_features, layer.bits, layer.group, layer.zero, layer.mins.numel() > 0)
+    has = (layer.mins.numel() > 0, layer.units.numel() > 0)
+    return (layer.in_features, layer.bits, layer.group, layer.zero, *has)

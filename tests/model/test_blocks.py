@@ -25,12 +25,24 @@ from kvboost_rag.core.model.quantized import weights_for
 pytestmark = pytest.mark.skipif(
     not block_kernel.available(), reason=f"block kernel: {block_kernel.missing()}"
 )
-SHAPES = [(4, 32, True), (4, 32, False), (8, 32, False), (8, 16, False), (8, 32, True)]
+# bits, group, asymmetric; group 0: Q4_K's integer sub-scales under units per 256 inputs
+SHAPES = [
+    (4, 32, True),
+    (4, 32, False),
+    (8, 32, False),
+    (8, 16, False),
+    (8, 32, True),
+    (4, 0, True),
+]
 
 
 def random_levels(rows: int, inputs: int, bits: int, group: int, asym: bool) -> Levels:
     rng = np.random.default_rng(bits * 100 + group)
     q = rng.integers(0, 2**bits, (rows, inputs)).astype(np.uint8)
+    if group == 0:
+        sc, m = (rng.integers(0, 64, (rows, inputs // 32)).astype(np.uint8) for _ in "sm")
+        units = rng.uniform(0.0001, 0.0005, (rows, inputs // 256, 2)).astype(np.float16)
+        return Levels(q, sc, m, 0, 4, 32, units)
     scale = rng.uniform(0.001, 0.02, (rows, inputs // group)).astype(np.float16)
     mins = rng.uniform(-0.1, 0.0, scale.shape).astype(np.float16) if asym else None
     return Levels(q, scale, mins, 0 if asym else 2 ** (bits - 1), bits, group)
@@ -43,10 +55,10 @@ def layer(lv: Levels, bias: bool, tmp_path: Path) -> BlockLinear:
 
 
 def expected(x: torch.Tensor, lv: Levels, bias: torch.Tensor | None) -> torch.Tensor:
-    """Each group of each row quantized to int8 (scale: its largest magnitude / 127), times
-    the dequantized weight, in float64."""
+    """Each group of each row quantized to int8 (scale: its largest magnitude / 127; Q4_K's
+    rows per 256 inputs, as llama.cpp's Q8_K), times the dequantized weight, in float64."""
     rows = x.double().reshape(-1, lv.q.shape[1])
-    groups = rows.view(rows.shape[0], -1, lv.group)
+    groups = rows.view(rows.shape[0], -1, 256 if lv.units is not None else lv.group)
     step = groups.abs().amax(-1, keepdim=True) / 127
     quantized = (torch.round(groups / step) * step).view_as(rows)
     out = quantized @ torch.from_numpy(dequantized(lv)).double().T
@@ -76,8 +88,8 @@ def test_the_kernel_multiplies_quantized_rows_by_the_levels(
 def test_a_rows_output_is_the_same_alone_or_in_a_batch(
     bits: int, group: int, asym: bool, tmp_path: Path
 ) -> None:
-    linear = layer(random_levels(32, 128, bits, group, asym), True, tmp_path)
-    x = torch.randn(21, 128)
+    linear = layer(random_levels(32, 256, bits, group, asym), True, tmp_path)
+    x = torch.randn(21, 256)
     together = linear(x)
     for i in (0, 7, 8, 20):  # a full tile's rows and the rest's
         assert torch.equal(linear(x[i : i + 1]), together[i : i + 1])
@@ -85,10 +97,10 @@ def test_a_rows_output_is_the_same_alone_or_in_a_batch(
 
 @pytest.mark.parametrize(("bits", "group", "asym"), SHAPES)
 def test_the_packed_layout_unpacks_to_the_levels(bits: int, group: int, asym: bool) -> None:
-    lv = random_levels(32, 128, bits, group, asym)
+    lv = random_levels(32, 512, bits, group, asym)
     packed = pack(lv)
     mins = packed.get("mins", torch.empty(0))
-    w = unpack(packed["q"], packed["scale"], mins, packed["info"])
+    w = unpack(packed["q"], packed["scale"], mins, packed["info"], packed.get("units"))
     assert torch.equal(w, torch.from_numpy(dequantized(lv)))
 
 

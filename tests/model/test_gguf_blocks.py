@@ -40,13 +40,15 @@ def assert_levels_give(data: np.ndarray, kind: str, inputs: int) -> None:
     assert lv.q.dtype == np.uint8 and lv.q.shape == (data.shape[0], inputs)
     assert lv.q.max() < 2**lv.bits and lv.scale.shape == (data.shape[0], inputs // lv.group)
     expected, got = reference(data, kind), dequantized(lv)
-    if kind in LEGACY:  # fp16 scales and mins as the file has them: the same values
+    if kind in LEGACY or lv.units is not None:  # the file's own scales (Q4_K: its units
+        # times its integer multipliers, exact in float32): the same values
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
     else:  # two-level scales and mins rounded to fp16: half an ulp of each term
         per_input = lambda t: np.repeat(np.abs(t.astype(np.float32)), lv.group, axis=1)  # noqa: E731
-        terms = per_input(lv.scale) * np.abs(lv.q.astype(np.float32) - lv.zero)
-        if lv.mins is not None:
-            terms += per_input(lv.mins)
+        scale, mins = lv.scales()
+        terms = per_input(scale) * np.abs(lv.q.astype(np.float32) - lv.zero)
+        if mins is not None:
+            terms += per_input(mins)
         assert (np.abs(got - expected) <= 2**-11 * terms + 1e-9).all()
 
 

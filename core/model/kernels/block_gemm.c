@@ -2,7 +2,8 @@
  * ``model/blocks.py``): y = x W^T + b, W[n, k] = scale[n, g] * (q[n, k] - zero) + min[n, g]
  * over groups g of ``group`` inputs (16 or 32), q unsigned (4 bits: two per byte; 8 bits: a
  * byte). As llama.cpp does for its K- and legacy quants, each group of an input row is
- * quantized to int8 with its own scale first, so the product is integer arithmetic
+ * quantized to int8 with its own scale first (Q4_K's own path below: each 256 inputs),
+ * so the product is integer arithmetic
  * (AVX512-VNNI vpdpbusd: u8 weights times s8 inputs, exact int32 sums) and each group's sum
  * is scaled once. The weights are read once per tile of up to MR rows, never dequantized.
  *
@@ -23,9 +24,6 @@
 #include <string.h>
 
 #define MR 8
-#define VERSION 2
-
-int block_gemm_version(void) { return VERSION; }
 
 static inline float load_input(const void *x, int bf16, int64_t i) {
     if (!bf16) return ((const float *)x)[i];
@@ -160,5 +158,139 @@ int block_linear(const void *x, int bf16, int64_t M, int64_t K, int group, const
     free(xq);
     free(xs);
     free(xsum);
+    return ok ? 0 : -1;
+}
+
+/* ---- 4-bit K blocks (Q4_K): integer sub-scales, inputs quantized per super-block ----
+ * W[n, k] = d[n, s] * sc[n, j] * q[n, k] - dmin[n, s] * mn[n, j], for super-blocks s of 256
+ * inputs and their 8 sub-blocks j of 32, sc and mn 6-bit integers, d and dmin fp16: the
+ * file's own numbers, none rounded again. As llama.cpp's Q8_K does, each 256 inputs of a
+ * row are quantized with one scale, so a sub-block's int32 sum is multiplied by its integer
+ * scale in integers (exact: |sum| <= 63 * 256 * 15 * 127 < 2^31) and a super-block's sum
+ * is turned to float once, and the minimums' term is one int16 product a super-block
+ * (the row's per-32 sums times mn, vpdpwssd).
+ * Layouts for N outputs in blocks of 16: q as above (4 bits); sc uint8 [N/16][K/32][16];
+ * mn uint8 [N/16][K/64][16][2] (sub-blocks 2p and 2p + 1 side by side); units fp16
+ * [N/16][K/256][2][16], d then dmin. */
+#define SUPER 256
+
+/* Each 256 inputs of row m: int8 values, one scale, and the sums of each 32 (int16). */
+void quantize_rows_k(const void *x, int bf16, int64_t M, int64_t K, int8_t *xq, float *xs,
+                     int16_t *bs, int threads) {
+    int64_t supers = K / SUPER;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t s = 0; s < supers; s++) {
+            int64_t base = m * K + s * SUPER;
+            float amax = 0.f;
+            for (int i = 0; i < SUPER; i++) amax = fmaxf(amax, fabsf(load_input(x, bf16, base + i)));
+            float step = amax / 127.f;
+            float inv = step > 0.f ? 1.f / step : 0.f;
+            for (int j = 0; j < SUPER / 32; j++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 32; i++) {
+                    int v = (int)nearbyintf(load_input(x, bf16, base + 32 * j + i) * inv);
+                    xq[base + 32 * j + i] = (int8_t)v;
+                    sum += v;
+                }
+                bs[(m * supers + s) * 8 + j] = (int16_t)sum;
+            }
+            xs[m * supers + s] = step;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_k4(
+    int rows, const int8_t *xq, const float *xs, const int16_t *bs, int64_t K,
+    const uint8_t *q, const uint8_t *sc, const uint8_t *mn, const uint16_t *units,
+    const float *bias, void *y, int bf16, int64_t N, int64_t nb, int64_t m0) {
+    int64_t supers = K / SUPER;
+    const uint8_t *qb = q + nb * K * 8, *scb = sc + nb * (K / 32) * 16;
+    const uint8_t *mnb = mn + nb * (K / 32) * 16;
+    const uint16_t *ub = units + nb * supers * 32;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[MR];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < supers; s++) {
+        __m512i isum[MR], part[MR];
+        for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *w = qb + (s * 8 + j) * 256;
+            for (int r = 0; r < rows; r++) part[r] = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++) {
+                __m512i v = _mm512_loadu_si512((const void *)(w + t * 64));
+                __m512i lo = _mm512_and_si512(v, low);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int r = 0; r < rows; r++) {
+                    const int8_t *xr = xq + (m0 + r) * K + s * SUPER + j * 32 + t * 8;
+                    int32_t a, b;
+                    memcpy(&a, xr, 4);
+                    memcpy(&b, xr + 4, 4);
+                    part[r] = _mm512_dpbusd_epi32(part[r], lo, _mm512_set1_epi32(a));
+                    part[r] = _mm512_dpbusd_epi32(part[r], hi, _mm512_set1_epi32(b));
+                }
+            }
+            __m512i scale = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i *)(scb + (s * 8 + j) * 16)));
+            for (int r = 0; r < rows; r++)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(part[r], scale));
+        }
+        for (int r = 0; r < rows; r++) part[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            __m512i m = _mm512_cvtepu8_epi16(
+                _mm256_loadu_si256((const __m256i *)(mnb + (s * 4 + p) * 32)));
+            for (int r = 0; r < rows; r++) {
+                int32_t pair;
+                memcpy(&pair, bs + ((m0 + r) * supers + s) * 8 + 2 * p, 4);
+                part[r] = _mm512_dpwssd_epi32(part[r], m, _mm512_set1_epi32(pair));
+            }
+        }
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ub + s * 32)));
+        __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ub + s * 32 + 16)));
+        for (int r = 0; r < rows; r++) {
+            __m512 step = _mm512_set1_ps(xs[(m0 + r) * supers + s]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, step), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(part[r]), _mm512_mul_ps(mv, step), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) store_row(y, bf16, bias, N, m0 + r, nb * 16, acc[r]);
+}
+
+#define KR 4 /* rows a K tile: two int32 sums a row besides its accumulator */
+
+void block_gemm_k4(const int8_t *xq, const float *xs, const int16_t *bs, int64_t M, int64_t K,
+                   const uint8_t *q, const uint8_t *sc, const uint8_t *mn,
+                   const uint16_t *units, const float *bias, void *y, int bf16, int64_t N,
+                   int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t nb = 0; nb < N / 16; nb++) {
+        int64_t m0 = 0;
+        for (; m0 + KR <= M; m0 += KR)
+            tile_k4(KR, xq, xs, bs, K, q, sc, mn, units, bias, y, bf16, N, nb, m0);
+        switch (M - m0) {
+#define REST(n) \
+    case n: tile_k4(n, xq, xs, bs, K, q, sc, mn, units, bias, y, bf16, N, nb, m0); break;
+            REST(1) REST(2) REST(3)
+#undef REST
+            default: break;
+        }
+    }
+}
+
+int block_linear_k4(const void *x, int bf16, int64_t M, int64_t K, const uint8_t *q,
+                    const uint8_t *sc, const uint8_t *mn, const uint16_t *units,
+                    const float *bias, void *y, int64_t N, int threads) {
+    int64_t supers = K / SUPER;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xs = malloc((size_t)(M * supers) * sizeof(float));
+    int16_t *bs = malloc((size_t)(M * supers * 8) * sizeof(int16_t));
+    int ok = xq && xs && bs;
+    if (ok) {
+        quantize_rows_k(x, bf16, M, K, xq, xs, bs, M > 1 ? threads : 1);
+        block_gemm_k4(xq, xs, bs, M, K, q, sc, mn, units, bias, y, bf16, N, threads);
+    }
+    free(xq);
+    free(xs);
+    free(bs);
     return ok ? 0 : -1;
 }
