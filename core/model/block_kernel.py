@@ -73,6 +73,8 @@ def library(cache_root: Path, source: Path = SOURCE) -> ctypes.CDLL:
         lib.block_linear.restype = _int
         lib.block_linear_k4.argtypes = [_ptr, _int, _i64, _i64, *[_ptr] * 6, _i64, _int]
         lib.block_linear_k4.restype = _int
+        lib.block_linear_k6.argtypes = lib.block_linear_k4.argtypes
+        lib.block_linear_k6.restype = _int
     else:
         lib.few_query_attention.argtypes = [_ptr, _int, _ptr, _ptr, _int, _ptr, *[_i64] * 15,
                                             ctypes.c_float, _ptr, _int]  # fmt: skip

@@ -35,7 +35,8 @@ class BlockLinear(torch.nn.Module):
     q: torch.Tensor  # the kernel's layout (block_gemm.c)
     scale: torch.Tensor
     mins: torch.Tensor
-    units: torch.Tensor  # Q4_K's units (empty for the other formats)
+    units: torch.Tensor  # Q4_K's and Q6_K's units (empty for the other formats)
+    high: torch.Tensor  # Q6_K's top 2 bits of each level (empty for the others)
     info: torch.Tensor  # out, in, zero, bits, group
 
     def __init__(
@@ -48,6 +49,7 @@ class BlockLinear(torch.nn.Module):
         self.register_buffer("scale", packed["scale"])
         self.register_buffer("mins", packed.get("mins", torch.empty(0, dtype=torch.float16)))
         self.register_buffer("units", packed.get("units", torch.empty(0, dtype=torch.float16)))
+        self.register_buffer("high", packed.get("high", torch.empty(0, dtype=torch.uint8)))
         self.register_buffer("info", packed["info"])
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), False)
         self.costs: dict[int, float] = {}  # seconds per row count, once measured (``measure``)
@@ -74,7 +76,14 @@ class BlockLinear(torch.nn.Module):
             flat = flat.contiguous()
         out = torch.empty(flat.shape[0], self.out_features, dtype=flat.dtype)
         mins, bias = self.mins, self.bias
-        if self.units.numel():
+        if self.bits == 6:
+            failed = self.kernel_k6(
+                flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
+                self.q.data_ptr(), self.high.data_ptr(), self.scale.data_ptr(),
+                self.units.data_ptr(), None if bias is None else bias.data_ptr(),
+                out.data_ptr(), self.out_features, torch.get_num_threads(),
+            )  # fmt: skip
+        elif self.units.numel():
             failed = self.kernel_k4(
                 flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
                 self.q.data_ptr(), self.scale.data_ptr(), mins.data_ptr(),
@@ -103,9 +112,13 @@ class BlockLinear(torch.nn.Module):
     def kernel_k4(self) -> Any:
         return block_kernel.library(self.cache_root).block_linear_k4
 
+    @property
+    def kernel_k6(self) -> Any:
+        return block_kernel.library(self.cache_root).block_linear_k6
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the blocks stand for ([out, in], ``dtype``)."""
-        return unpack(self.q, self.scale, self.mins, self.info, self.units).to(dtype)
+        return unpack(self.q, self.scale, self.mins, self.info, self.units, self.high).to(dtype)
 
     def extra_repr(self) -> str:
         return (
@@ -123,17 +136,26 @@ def pack(lv: Levels) -> dict[str, torch.Tensor]:
     """The kernel's layout of ``lv`` (``block_gemm.c`` names it)."""
     rows, inputs = lv.q.shape
     q = torch.from_numpy(np.ascontiguousarray(lv.q))
+    out = {}
+    if lv.bits == 6:  # the top 2 bits of 4 quads' levels in a byte: bits 2k, 2k + 1 quad k's
+        top = (q >> 4).view(rows // 16, 16, inputs // 16, 4, 4)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+        high = (top << shifts).sum(3, dtype=torch.uint8)  # disjoint bits: the sum is an or
+        out["high"] = high.permute(0, 2, 1, 3).contiguous()
+        units = torch.from_numpy(np.ascontiguousarray(lv.units)).view(rows // 16, 16, -1)
+        out["units"] = units.permute(0, 2, 1).contiguous()
+        q = q & 0x0F
     if lv.bits == 8:
         q = q.view(rows // 16, 16, inputs // 4, 4).permute(0, 2, 1, 3)
     else:
         q = q.view(rows // 16, 16, inputs // 8, 2, 4)
         q = (q[..., 0, :] | (q[..., 1, :] << 4)).permute(0, 2, 1, 3)
-    out = {
+    out |= {
         "q": q.contiguous(),
         "scale": _by_block(lv.scale),
         "info": torch.tensor([rows, inputs, lv.zero, lv.bits, lv.group], dtype=torch.int64),
     }
-    if lv.units is not None:  # Q4_K: sub-blocks' minimums in pairs, units per 256 inputs
+    if lv.units is not None and lv.bits == 4:  # Q4_K: minimums in pairs, units per 256
         assert lv.mins is not None and lv.bits == 4 and lv.group == 32
         mins = torch.from_numpy(np.ascontiguousarray(lv.mins)).view(rows // 16, 16, -1, 2)
         out["mins"] = mins.permute(0, 2, 1, 3).contiguous()
@@ -155,10 +177,19 @@ def unpack(
     mins: torch.Tensor,
     info: torch.Tensor,
     units: torch.Tensor | None = None,
+    high: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """float32 [out, in]: ``pack``'s inverse, dequantized."""
     rows, inputs, zero, bits, group = info.tolist()
-    if units is not None and units.numel():  # Q4_K: d * sc and -dmin * m
+    if bits == 6:  # Q6_K: d * sc, and each level's top 2 bits from ``high``
+        assert units is not None and high is not None
+        unit = units.permute(0, 2, 1).reshape(rows, -1, 1).float()
+        sc = scale.permute(0, 2, 1).reshape(rows, -1, 16).float()
+        scale = (unit * sc).reshape(rows // 16, 16, -1).permute(0, 2, 1)
+        top = high.permute(0, 2, 1, 3)[..., None, :]  # [rows/16, 16, inputs/16, 1, 4]
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+        top = ((top >> shifts) & 3).reshape(rows, inputs)
+    if units is not None and units.numel() and bits == 4:  # Q4_K: d * sc and -dmin * m
         unit = units.permute(0, 3, 1, 2).reshape(rows, -1, 1, 2).float()
         sc = scale.permute(0, 2, 1).reshape(rows, -1, 8).float()
         m = mins.permute(0, 2, 1, 3).reshape(rows, -1, 8).float()
@@ -169,6 +200,8 @@ def unpack(
     else:
         nib = q.permute(0, 2, 1, 3)  # [rows/16, 16, inputs/8, 4]
         levels_ = torch.stack([nib & 0x0F, nib >> 4], 3).reshape(rows, inputs)
+        if bits == 6:
+            levels_ = levels_ | (top << 4)
     per_row = lambda t: t.permute(0, 2, 1).reshape(rows, -1).float().repeat_interleave(group, 1)  # noqa: E731
     w = per_row(scale) * (levels_.float() - zero)
     return w + per_row(mins) if mins.numel() else w

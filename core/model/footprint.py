@@ -29,7 +29,14 @@ KERNEL_READS = {
     "int8": ("q", "scale", "bias"),  # _weight_int8pack_mm
     "int4": ("packed", "scales_and_zeros", "bias"),  # _weight_int4pack_mm_for_cpu
     "int8-dynamic": ("onednn_weight", "scale", "zero_points", "bias"),  # onednn qlinear
-    "gguf": ("q", "scale", "mins", "units", "bias"),  # block_gemm.c; "info" is read in Python
+    "gguf": (
+        "q",
+        "scale",
+        "mins",
+        "units",
+        "high",
+        "bias",
+    ),  # block_gemm.c; "info" is read in Python
 }
 # A QuantizedLinear whose kernel never beat a dense product here (``rows`` 0) dequantizes
 # for every row count: int4 then reads its ``nibbles`` (int8 the levels its kernel reads);

@@ -2,16 +2,14 @@
 and, per group of 16 or 32 inputs, a scale and a minimum, W = scale * (q - zero) + min.
 
 Every block format the embedded models ship decodes to that form with no second rounding
-of its levels: Q4_0 / Q4_1 / Q4_K (4-bit levels, groups of 32), Q5_0 / Q5_1 / Q5_K and
-Q8_0 (5 or 8 bits, kept in a byte), Q6_K (6 bits in a byte, groups of 16). Q4_K keeps its
-scales as the file holds them (``Levels.units``: an fp16 unit per 256 inputs times a 6-bit
-multiplier per 32, for the scales and for the minimums), which the kernel multiplies in
-integers. The other formats' scales are kept in fp16: the legacy formats' own (exact);
-Q5_K's and Q6_K's two-level scales (up to 19 significant bits) rounded to fp16's 11, which
-moves a weight by under a sixtieth of one level (at most 1/64 over every Q6_K tensor of the
-embedded Gemma 3 and Qwen 0.5B files). The decoders follow ggml's block layouts
-(``ggml-quants.c``); ``tests/model/test_gguf_blocks.py`` checks each against gguf-py's
-dequantization.
+of its levels: Q4_0 / Q4_1 / Q4_K (4-bit levels, groups of 32), Q6_K (6 bits, groups of
+16), Q5_0 / Q5_1 / Q5_K and Q8_0 (5 or 8 bits, kept in a byte). Q4_K and Q6_K keep their
+scales as the file holds them (``Levels.units``: an fp16 unit per 256 inputs times an
+integer multiplier per group, for the scales and Q4_K's minimums), which the kernel
+multiplies in integers. The other formats' scales are kept in fp16: the legacy formats' own
+(exact); Q5_K's two-level scales (up to 19 significant bits) rounded to fp16's 11, half an
+fp16 ulp of each scale. The decoders follow ggml's block layouts (``ggml-quants.c``);
+``tests/model/test_gguf_blocks.py`` checks each against gguf-py's dequantization.
 """
 
 from __future__ import annotations
@@ -26,11 +24,11 @@ class Levels(NamedTuple):
     scale: np.ndarray  # float16 [rows, inputs / group] (uint8 multipliers with ``units``)
     mins: np.ndarray | None  # float16 like scale; None: symmetric (min = 0)
     zero: int  # subtracted from every level (symmetric formats)
-    bits: int  # 4: levels fit a nibble; 8: a byte
+    bits: int  # 4: levels fit a nibble; 6: Q6_K's, kept in 6 bits; 8: a byte
     group: int  # inputs per scale
-    # Q4_K's two-level scales as the file holds them: float16 [rows, inputs / 256, 2], the
-    # unit d and the minimums' unit dmin of each 256 inputs; then ``scale`` and ``mins`` are
-    # its 6-bit multipliers sc and m (uint8) and W = d * sc * q - dmin * m, nothing rounded
+    # K formats' two-level scales as the file holds them: float16 [rows, inputs / 256, 2 or
+    # 1], the unit d (and the minimums' unit dmin) of each 256 inputs; then ``scale`` (and
+    # ``mins``) are their integer multipliers and W = d * sc * (q - zero) - dmin * m
     units: np.ndarray | None = None
 
     def scales(self) -> tuple[np.ndarray, np.ndarray | None]:
@@ -40,8 +38,8 @@ class Levels(NamedTuple):
             return self.scale.astype(np.float32), mins
         per = self.units.shape[1]
         unit = np.repeat(self.units.astype(np.float32), self.scale.shape[1] // per, axis=1)
-        assert self.mins is not None
-        return unit[..., 0] * self.scale, -unit[..., 1] * self.mins
+        mins = None if self.mins is None else -unit[..., 1] * self.mins
+        return unit[..., 0] * self.scale, mins
 
     def rows(self, index: np.ndarray) -> Levels:
         """The levels of rows ``index`` only."""
@@ -117,17 +115,18 @@ def _q5_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, _f16(blocks, 0)[:, None] * sc, -_f16(blocks, 2)[:, None] * m
 
 
-def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ql, qh = blocks[:, 0:128].reshape(-1, 2, 64), blocks[:, 128:192].reshape(-1, 2, 32)
     sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
     low = np.concatenate(
         [ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4], -1
     )
     high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], -1)
-    return (low | (high << 4)).reshape(-1, 256), _f16(blocks, 208)[:, None] * sc
+    units = blocks[:, 208:210].copy().view(np.float16)  # d
+    return (low | (high << 4)).reshape(-1, 256), sc.astype(np.int8), units
 
 
-K_FORMATS = {"Q4_K": (144, 4), "Q5_K": (176, 8), "Q6_K": (210, 8)}
+K_FORMATS = {"Q4_K": (144, 4), "Q5_K": (176, 8), "Q6_K": (210, 6)}
 FORMATS = (*LEGACY, *K_FORMATS)
 
 
@@ -151,10 +150,11 @@ def levels(data: np.ndarray, kind: str, inputs: int) -> Levels:
     size, bits = K_FORMATS[kind]
     blocks = data.reshape(-1, size)
     if kind == "Q6_K":
-        q, scale = _q6_k(blocks)
+        q, sc, units = _q6_k(blocks)
         return Levels(
-            q.reshape(rows, inputs), scale.reshape(rows, -1).astype(np.float16), None, 32, 8, 16
-        )
+            q.reshape(rows, inputs), sc.reshape(rows, -1), None, 32, 6, 16,
+            units.reshape(rows, -1, 1),
+        )  # fmt: skip
     if kind == "Q4_K":
         q, sc, m, units = _q4_k(blocks)
         return Levels(

@@ -24,7 +24,7 @@ import torch
 
 from kvboost_rag.core.model.blocks import BlockLinear
 
-PARTS = ("q", "scale", "mins", "units")  # the packed tensors, [out / 16, ...] each
+PARTS = ("q", "scale", "mins", "units", "high")  # the packed tensors, [out / 16, ...] each
 
 
 class Siblings:

@@ -25,24 +25,23 @@ from kvboost_rag.core.model.quantized import weights_for
 pytestmark = pytest.mark.skipif(
     not block_kernel.available(), reason=f"block kernel: {block_kernel.missing()}"
 )
-# bits, group, asymmetric; group 0: Q4_K's integer sub-scales under units per 256 inputs
-SHAPES = [
-    (4, 32, True),
-    (4, 32, False),
-    (8, 32, False),
-    (8, 16, False),
-    (8, 32, True),
-    (4, 0, True),
-]
+# bits, group, asymmetric; group 0: K formats' integer sub-scales under units per 256
+# inputs (Q4_K: 4 bits, asymmetric; Q6_K: 6 bits, symmetric)
+SHAPES = [(4, 32, True), (4, 32, False), (8, 32, False), (8, 16, False), (8, 32, True)]
+SHAPES += [(4, 0, True), (6, 0, False)]
 
 
 def random_levels(rows: int, inputs: int, bits: int, group: int, asym: bool) -> Levels:
     rng = np.random.default_rng(bits * 100 + group)
     q = rng.integers(0, 2**bits, (rows, inputs)).astype(np.uint8)
-    if group == 0:
+    if group == 0 and bits == 4:
         sc, m = (rng.integers(0, 64, (rows, inputs // 32)).astype(np.uint8) for _ in "sm")
         units = rng.uniform(0.0001, 0.0005, (rows, inputs // 256, 2)).astype(np.float16)
         return Levels(q, sc, m, 0, 4, 32, units)
+    if group == 0:  # Q6_K's signed multipliers
+        sc = rng.integers(-128, 128, (rows, inputs // 16)).astype(np.int8)
+        units = rng.uniform(0.0001, 0.0005, (rows, inputs // 256, 1)).astype(np.float16)
+        return Levels(q, sc, None, 32, 6, 16, units)
     scale = rng.uniform(0.001, 0.02, (rows, inputs // group)).astype(np.float16)
     mins = rng.uniform(-0.1, 0.0, scale.shape).astype(np.float16) if asym else None
     return Levels(q, scale, mins, 0 if asym else 2 ** (bits - 1), bits, group)
@@ -100,7 +99,8 @@ def test_the_packed_layout_unpacks_to_the_levels(bits: int, group: int, asym: bo
     lv = random_levels(32, 512, bits, group, asym)
     packed = pack(lv)
     mins = packed.get("mins", torch.empty(0))
-    w = unpack(packed["q"], packed["scale"], mins, packed["info"], packed.get("units"))
+    units, high = packed.get("units"), packed.get("high")
+    w = unpack(packed["q"], packed["scale"], mins, packed["info"], units, high)
     assert torch.equal(w, torch.from_numpy(dequantized(lv)))
 
 

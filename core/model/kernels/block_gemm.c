@@ -174,9 +174,9 @@ int block_linear(const void *x, int bf16, int64_t M, int64_t K, int group, const
  * [N/16][K/256][2][16], d then dmin. */
 #define SUPER 256
 
-/* Each 256 inputs of row m: int8 values, one scale, and the sums of each 32 (int16). */
-void quantize_rows_k(const void *x, int bf16, int64_t M, int64_t K, int8_t *xq, float *xs,
-                     int16_t *bs, int threads) {
+/* Each 256 inputs of row m: int8 values, one scale, and the sums of each ``sub`` (int16). */
+void quantize_rows_k(const void *x, int bf16, int64_t M, int64_t K, int sub, int8_t *xq,
+                     float *xs, int16_t *bs, int threads) {
     int64_t supers = K / SUPER;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t m = 0; m < M; m++) {
@@ -186,14 +186,14 @@ void quantize_rows_k(const void *x, int bf16, int64_t M, int64_t K, int8_t *xq, 
             for (int i = 0; i < SUPER; i++) amax = fmaxf(amax, fabsf(load_input(x, bf16, base + i)));
             float step = amax / 127.f;
             float inv = step > 0.f ? 1.f / step : 0.f;
-            for (int j = 0; j < SUPER / 32; j++) {
+            for (int j = 0; j < SUPER / sub; j++) {
                 int32_t sum = 0;
-                for (int i = 0; i < 32; i++) {
-                    int v = (int)nearbyintf(load_input(x, bf16, base + 32 * j + i) * inv);
-                    xq[base + 32 * j + i] = (int8_t)v;
+                for (int i = 0; i < sub; i++) {
+                    int v = (int)nearbyintf(load_input(x, bf16, base + sub * j + i) * inv);
+                    xq[base + sub * j + i] = (int8_t)v;
                     sum += v;
                 }
-                bs[(m * supers + s) * 8 + j] = (int16_t)sum;
+                bs[(m * supers + s) * (SUPER / sub) + j] = (int16_t)sum;
             }
             xs[m * supers + s] = step;
         }
@@ -286,8 +286,99 @@ int block_linear_k4(const void *x, int bf16, int64_t M, int64_t K, const uint8_t
     int16_t *bs = malloc((size_t)(M * supers * 8) * sizeof(int16_t));
     int ok = xq && xs && bs;
     if (ok) {
-        quantize_rows_k(x, bf16, M, K, xq, xs, bs, M > 1 ? threads : 1);
+        quantize_rows_k(x, bf16, M, K, 32, xq, xs, bs, M > 1 ? threads : 1);
         block_gemm_k4(xq, xs, bs, M, K, q, sc, mn, units, bias, y, bf16, N, threads);
+    }
+    free(xq);
+    free(xs);
+    free(bs);
+    return ok ? 0 : -1;
+}
+
+/* ---- 6-bit K blocks (Q6_K) in 6 bits: W[n, k] = d[n, s] * sc[n, j] * (q[n, k] - 32) over
+ * super-blocks s of 256 inputs and sub-blocks j of 16, sc a signed 8-bit integer, d fp16:
+ * the file's own numbers. A level's low 4 bits are kept as the 4-bit layout above, its top
+ * 2 bits in a second plane, ``high``: [N/16][K/16][16][4] bytes, byte (n, t) of sub-block j
+ * holding in its bits 2k, 2k + 1 the top bits of input 16j + 4k + t. Inputs are quantized
+ * per 256 with the sums of each 16; |sc * (sum - 32 * sums)| < 2^31 / 16.
+ * Layouts: sc int8 [N/16][K/16][16]; units fp16 [N/16][K/256][16] (d). */
+static inline __attribute__((always_inline)) void tile_k6(
+    int rows, const int8_t *xq, const float *xs, const int16_t *bs, int64_t K,
+    const uint8_t *q, const uint8_t *high, const int8_t *sc, const uint16_t *units,
+    const float *bias, void *y, int bf16, int64_t N, int64_t nb, int64_t m0) {
+    int64_t supers = K / SUPER;
+    const uint8_t *qb = q + nb * K * 8, *hb = high + nb * K * 4;
+    const int8_t *scb = sc + nb * (K / 16) * 16;
+    const uint16_t *ub = units + nb * supers * 16;
+    const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    __m512 acc[MR];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < supers; s++) {
+        __m512i isum[MR], part[MR];
+        for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 16; j++) {
+            int64_t unit = s * 16 + j; /* sub-block: 16 inputs, two nibble loads, one high */
+            __m512i v0 = _mm512_loadu_si512((const void *)(qb + unit * 128));
+            __m512i v1 = _mm512_loadu_si512((const void *)(qb + unit * 128 + 64));
+            __m512i h = _mm512_loadu_si512((const void *)(hb + unit * 64));
+            __m512i w[4];
+            w[0] = _mm512_or_si512(_mm512_and_si512(v0, low),
+                                   _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
+            w[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
+                                   _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
+            w[2] = _mm512_or_si512(_mm512_and_si512(v1, low), _mm512_and_si512(h, top));
+            w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low),
+                                   _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+            for (int r = 0; r < rows; r++) {
+                const int8_t *xr = xq + (m0 + r) * K + s * SUPER + j * 16;
+                __m512i sum = _mm512_setzero_si512();
+                for (int k = 0; k < 4; k++) {
+                    int32_t four;
+                    memcpy(&four, xr + 4 * k, 4);
+                    sum = _mm512_dpbusd_epi32(sum, w[k], _mm512_set1_epi32(four));
+                }
+                part[r] = sum;
+            }
+            __m512i scale = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(scb + unit * 16)));
+            for (int r = 0; r < rows; r++) {
+                int32_t zero = 32 * (int32_t)bs[((m0 + r) * supers + s) * 16 + j];
+                __m512i centred = _mm512_sub_epi32(part[r], _mm512_set1_epi32(zero));
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(centred, scale));
+            }
+        }
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ub + s * 16)));
+        for (int r = 0; r < rows; r++) {
+            __m512 step = _mm512_mul_ps(dv, _mm512_set1_ps(xs[(m0 + r) * supers + s]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), step, acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) store_row(y, bf16, bias, N, m0 + r, nb * 16, acc[r]);
+}
+
+int block_linear_k6(const void *x, int bf16, int64_t M, int64_t K, const uint8_t *q,
+                    const uint8_t *high, const int8_t *sc, const uint16_t *units,
+                    const float *bias, void *y, int64_t N, int threads) {
+    int64_t supers = K / SUPER;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xs = malloc((size_t)(M * supers) * sizeof(float));
+    int16_t *bs = malloc((size_t)(M * supers * 16) * sizeof(int16_t));
+    int ok = xq && xs && bs;
+    if (ok) {
+        quantize_rows_k(x, bf16, M, K, 16, xq, xs, bs, M > 1 ? threads : 1);
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t nb = 0; nb < N / 16; nb++) {
+            int64_t m0 = 0;
+            for (; m0 + KR <= M; m0 += KR)
+                tile_k6(KR, xq, xs, bs, K, q, high, sc, units, bias, y, bf16, N, nb, m0);
+            switch (M - m0) {
+#define REST(n) \
+    case n: tile_k6(n, xq, xs, bs, K, q, high, sc, units, bias, y, bf16, N, nb, m0); break;
+                REST(1) REST(2) REST(3)
+#undef REST
+                default: break;
+            }
+        }
     }
     free(xq);
     free(xs);
