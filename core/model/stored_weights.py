@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +25,16 @@ def store_weights(
         join(model)
     elif kind is not None:
         quantize(model, kind)
+    release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Give what loading freed (float weights replaced, fp32 copies cast) back to the
+    system: glibc keeps freed heap mapped, so a 0.5B on its blocks stayed ~0.7 GB larger
+    than what it holds. A no-op off glibc."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
