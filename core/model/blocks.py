@@ -1,9 +1,9 @@
-"""Linear layers on a GGUF file's own quantized blocks: ``from_pretrained(weights="gguf")``,
-the default for a GGUF (and the embedded aliases) on a CPU the kernel runs on.
+"""Linear layers on a GGUF file's own quantized blocks: ``from_pretrained(weights="gguf")``
+on a CPU the kernel runs on (not yet the default: ``docs/guides/models.md`` says why).
 
-A 4-bit file stays 4-bit and an 8-bit one 8-bit, each level as the file holds it
-(``gguf_blocks.py``), packed once for ``kernels/block_gemm.c``, which multiplies any number of
-rows by them without dequantizing (``block_kernel.py``). Every row count takes the same
+A 4-bit tensor stays 4-bit, a Q6_K one 6-bit and an 8-bit one 8-bit, each level as the file
+holds it (``gguf_blocks.py``), packed once for ``kernels/block_gemm.c``, which multiplies any
+number of rows by them without dequantizing (``block_kernel.py``). Every row count takes the same
 kernel, so a decoding step, a warmed request's tail and a prefill read the same weights and a
 row's output does not depend on the rows beside it. The packed tensors are cached beside the
 converted checkpoint (``blocks-<kernel version>.safetensors``), so a later start reads them
