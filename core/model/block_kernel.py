@@ -1,7 +1,8 @@
 """The CPU kernels of our own (``kernels/*.c``): built once per machine with the system's C
 compiler into the cache root, loaded with ctypes. ``block_gemm.c`` multiplies activations by
 weights kept in a GGUF's blocks; ``few_query_attention.c`` is a decoding step's attention
-over a cache read in its own dtype (``attention.py`` says why).
+over a cache read in its own dtype (``attention.py`` says why); ``layer_ops.c`` a decoder
+layer's norms, RoPE and SiLU in one call each (``lean_layers.py``).
 
 No maintained CPU kernel multiplies many rows by 4-bit weights without dequantizing them
 (measured on this torch: ``_weight_int4pack_mm_for_cpu`` reads its weights once per input
@@ -27,7 +28,11 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("kernels") / "block_gemm.c"
 ATTENTION = SOURCE.with_name("few_query_attention.c")
+LAYER_OPS = SOURCE.with_name("layer_ops.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")
+# a source's own flags: layer_ops rounds where transformers' operators round, so no product
+# and sum may fuse into one rounding
+OWN_FLAGS = {"layer_ops.c": ("-ffp-contract=off",)}
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 
 _int, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
@@ -53,7 +58,8 @@ def available() -> bool:
 def version(source: Path = SOURCE) -> str:
     """What names a kernel's numerics and layouts: its source and flags (the block kernel's
     is a key part of the packed weights cached on disk)."""
-    digest = hashlib.blake2b(source.read_bytes() + " ".join(FLAGS).encode(), digest_size=6)
+    flags = " ".join(_flags(source)).encode()
+    digest = hashlib.blake2b(source.read_bytes() + flags, digest_size=6)
     return digest.hexdigest()
 
 
@@ -75,6 +81,12 @@ def library(cache_root: Path, source: Path = SOURCE) -> ctypes.CDLL:
         lib.block_linear_k4.restype = _int
         lib.block_linear_k6.argtypes = lib.block_linear_k4.argtypes
         lib.block_linear_k6.restype = _int
+    elif source == LAYER_OPS:
+        lib.rms_norm.argtypes = [*[_ptr] * 5, _int, _i64, _i64, ctypes.c_float, _int]
+        lib.rope.argtypes = [_ptr, _i64, _ptr, _ptr, _int, _ptr, _int, *[_i64] * 4, _int]
+        lib.silu_mul.argtypes = [_ptr, _ptr, _i64, _ptr, _int, _i64, _i64, _int]
+        for name in ("rms_norm", "rope", "silu_mul"):
+            getattr(lib, name).restype = None
     else:
         lib.few_query_attention.argtypes = [_ptr, _int, _ptr, _ptr, _int, _ptr, *[_i64] * 15,
                                             ctypes.c_float, _ptr, _int]  # fmt: skip
@@ -86,12 +98,17 @@ def _build(target: Path, source: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
     os.close(fd)
-    command = [str(_compiler()), *FLAGS, "-fopenmp", "-shared", "-fPIC", str(source), "-o", tmp]
+    flags = [*_flags(source), "-fopenmp", "-shared", "-fPIC"]
+    command = [str(_compiler()), *flags, str(source), "-o", tmp]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         os.unlink(tmp)
         raise RuntimeError(f"building the {source.stem} kernel failed: {done.stderr[-1500:]}")
     os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
+
+
+def _flags(source: Path) -> tuple[str, ...]:
+    return (*FLAGS, *OWN_FLAGS.get(source.name, ()))
 
 
 def _compiler() -> str | None:

@@ -8,6 +8,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
+from kvboost_rag.core.model import lean_layers
 from kvboost_rag.core.model.blocks import use_blocks
 from kvboost_rag.core.model.quantized import quantize
 from kvboost_rag.core.model.sibling_blocks import join
@@ -17,12 +18,14 @@ def store_weights(
     model: Any, kind: str | None, folder: str | Path, gguf: Any, cache_root: Path
 ) -> None:
     """``model``'s linear layers stored as ``kind`` (``quantized.weights_for``'s answer):
-    a GGUF's blocks (``use_blocks``), siblings that read one input joined (``join``);
-    quantized from float; or left as they are (None)."""
+    a GGUF's blocks (``use_blocks``), siblings that read one input joined (``join``), the
+    decoder layers' small operators on our kernel too (``lean_layers``); quantized from
+    float; or left as they are (None)."""
     if kind == "gguf":
         assert gguf is not None
         use_blocks(model, Path(folder), gguf, cache_root)
         join(model)
+        lean_layers.install(model)
     elif kind is not None:
         quantize(model, kind)
     release_freed_memory()
