@@ -53,8 +53,9 @@ class BlockLinear(torch.nn.Module):
         self.register_buffer("info", packed["info"])
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), False)
         self.costs: dict[int, float] = {}  # seconds per row count, once measured (``measure``)
-        self.cache_root = cache_root  # where the built kernel is (not the library: deep copies)
-        block_kernel.library(cache_root)  # built now, not in a request
+        self.cache_root = cache_root  # where the built kernel is
+        self._kernel = Kernels(block_kernel.library(cache_root))  # built now, not in a request
+        self._at = Addresses()
         # the layers that read this one's input, multiplied together (``sibling_blocks.py``),
         # and this layer's index among them
         self.siblings: Any = None
@@ -65,56 +66,36 @@ class BlockLinear(torch.nn.Module):
         return f"int{self.bits}-gguf"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A decoding step calls ~200 of these: each torch call left out here is ~1 us of a
-        # call that reads a small layer in ~10 (``docs/bench/decode.md``).
+        # A decoding step calls ~130 of these: each torch call left out here is ~1 us of a
+        # call that reads a small layer in ~6 (``docs/bench/decode.md``).
         if self.siblings is not None:
             return self.siblings.output(self.sibling, x)  # type: ignore[no-any-return]
-        flat = x.reshape(-1, self.in_features)
-        if flat.dtype not in KERNEL_DTYPES:
-            flat = flat.float()
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
-        out = torch.empty(flat.shape[0], self.out_features, dtype=flat.dtype)
-        mins, bias = self.mins, self.bias
+        if x.dtype not in KERNEL_DTYPES:
+            x = x.float()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], self.out_features), dtype=x.dtype)
+        rows, bf16 = x.numel() // self.in_features, x.dtype is torch.bfloat16
+        at, threads = self._at.of(self._buffers, self.bias), torch.get_num_threads()
         if self.bits == 6:
-            failed = self.kernel_k6(
-                flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
-                self.q.data_ptr(), self.high.data_ptr(), self.scale.data_ptr(),
-                self.units.data_ptr(), None if bias is None else bias.data_ptr(),
-                out.data_ptr(), self.out_features, torch.get_num_threads(),
+            failed = self._kernel.k6(
+                x.data_ptr(), bf16, rows, self.in_features, at.q, at.high, at.scale, at.units,
+                at.bias, out.data_ptr(), self.out_features, threads,
             )  # fmt: skip
-        elif self.units.numel():
-            failed = self.kernel_k4(
-                flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
-                self.q.data_ptr(), self.scale.data_ptr(), mins.data_ptr(),
-                self.units.data_ptr(), None if bias is None else bias.data_ptr(),
-                out.data_ptr(), self.out_features, torch.get_num_threads(),
+        elif at.units:
+            failed = self._kernel.k4(
+                x.data_ptr(), bf16, rows, self.in_features, at.q, at.scale, at.mins, at.units,
+                at.bias, out.data_ptr(), self.out_features, threads,
             )  # fmt: skip
         else:
-            failed = self.kernel(
-                flat.data_ptr(), flat.dtype is torch.bfloat16, flat.shape[0], self.in_features,
-                self.group, self.q.data_ptr(), self.scale.data_ptr(),
-                mins.data_ptr() if mins.numel() else None, self.zero, self.bits,
-                None if bias is None else bias.data_ptr(), out.data_ptr(), self.out_features,
-                torch.get_num_threads(),
+            failed = self._kernel.legacy(
+                x.data_ptr(), bf16, rows, self.in_features, self.group, at.q, at.scale,
+                at.mins, self.zero, self.bits, at.bias, out.data_ptr(), self.out_features,
+                threads,
             )  # fmt: skip
         if failed:
-            raise MemoryError(f"no memory for a {tuple(flat.shape)} input's quantized copy")
-        if out.dtype is not x.dtype:
-            out = out.to(x.dtype)
-        return out.view(*x.shape[:-1], self.out_features)
-
-    @property
-    def kernel(self) -> Any:
-        return block_kernel.library(self.cache_root).block_linear
-
-    @property
-    def kernel_k4(self) -> Any:
-        return block_kernel.library(self.cache_root).block_linear_k4
-
-    @property
-    def kernel_k6(self) -> Any:
-        return block_kernel.library(self.cache_root).block_linear_k6
+            raise MemoryError(f"no memory for a {tuple(x.shape)} input's quantized copy")
+        return out
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the blocks stand for ([out, in], ``dtype``)."""
@@ -125,6 +106,49 @@ class BlockLinear(torch.nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"weights={self.kind}, group={self.group}"
         )
+
+
+class Kernels:
+    """The kernel's entry points, looked up once; a model's deep copy shares them (ctypes
+    functions cannot be copied)."""
+
+    def __init__(self, library: Any) -> None:
+        self.legacy, self.k4, self.k6 = (
+            library.block_linear,
+            library.block_linear_k4,
+            library.block_linear_k6,
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Kernels:
+        return self
+
+
+class Addresses:
+    """Where a layer's packed tensors are (None: empty), read again when its ``q`` is another
+    tensor (its siblings joined, the module moved): a buffer read through ``nn.Module``
+    costs ~0.7 us, and a call read five. A model's deep copy starts afresh (its tensors may
+    be copies)."""
+
+    def __init__(self) -> None:
+        self.of_q: torch.Tensor | None = None
+        self.q: int | None = None
+        self.scale: int | None = None
+        self.mins: int | None = None
+        self.units: int | None = None
+        self.high: int | None = None
+        self.bias: int | None = None
+
+    def of(self, buffers: dict[str, Any], bias: torch.Tensor | None) -> Addresses:
+        if buffers["q"] is not self.of_q or (bias is None) != (self.bias is None):
+            for name in ("q", "scale", "mins", "units", "high"):
+                t = buffers[name]
+                setattr(self, name, t.data_ptr() if t.numel() else None)
+            self.bias = None if bias is None else bias.data_ptr()
+            self.of_q = buffers["q"]
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Addresses:
+        return Addresses()
 
 
 def supports(rows: int, inputs: int, lv: Levels) -> bool:

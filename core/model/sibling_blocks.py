@@ -60,7 +60,7 @@ class Siblings:
             if len(stash[2]) == len(self.sizes) and self._stash is stash:
                 self._stash = None  # every part taken: a prefill's outputs are not kept
             return stash[1][i]
-        parts = self.whole(x).split(self.sizes, dim=-1)
+        parts = self.whole.forward(x).split(self.sizes, dim=-1)
         self._stash = (x, parts, {i})
         return parts[i]
 

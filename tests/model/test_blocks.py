@@ -7,6 +7,8 @@ same model."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import logging
 from pathlib import Path
 
@@ -92,6 +94,22 @@ def test_a_rows_output_is_the_same_alone_or_in_a_batch(
     together = linear(x)
     for i in (0, 7, 8, 20):  # a full tile's rows and the rest's
         assert torch.equal(linear(x[i : i + 1]), together[i : i + 1])
+
+
+def test_a_layer_reads_its_own_tensors_after_a_deep_copy_or_new_ones(tmp_path: Path) -> None:
+    # the kernel's addresses are remembered between calls (``blocks.Addresses``)
+    lv = random_levels(48, 256, 4, 0, True)
+    linear = layer(lv, bias=True, tmp_path=tmp_path)
+    x = torch.randn(3, 256)
+    want = linear(x)
+    copied = copy.deepcopy(linear)
+    del linear
+    gc.collect()
+    assert torch.equal(copied(x), want)
+    other = layer(random_levels(48, 256, 4, 0, False), bias=True, tmp_path=tmp_path)
+    for name in ("q", "scale", "mins", "units"):
+        setattr(copied, name, getattr(other, name).clone())
+    assert torch.equal(copied(x), other(x))
 
 
 @pytest.mark.parametrize(("bits", "group", "asym"), SHAPES)
