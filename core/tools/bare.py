@@ -8,11 +8,17 @@ JSON is a call only when it has a call's shape: a string ``name`` and no keys bu
 misspelt tool then comes back as an invalid call, not as text). Any other JSON answer,
 ``{"name": "Lima"}`` included, stays content.
 
-Such a call escaped the grammar (it was free text), so its arguments are typed against the
-tool's schema where that loses nothing (``typed``): a string spelling a number where a
-number is declared becomes that number, "true" / "false" a boolean. Qwen2.5-Coder-0.5B
-wrote ``{"a": "12", "b": "7"}`` for ``multiply(a: float, b: float)`` under LlamaIndex's
-``FunctionAgent``, and the tool failed on strings.
+A fenced block holds calls when all of it is calls, one after another (one a line, as
+Qwen2.5-Coder-0.5B fenced three under LangChain's agent: the block came back as text).
+
+Such a call escaped the grammar (it was free text), so its arguments are fitted to the
+tool's schema as the grammar would have written them (``fitted``): a string spelling a
+number where a number is declared becomes that number, "true" / "false" a boolean, where
+that loses nothing; a key the schema does not declare is dropped where the schema does not
+allow others (the grammar's ``strict_schema`` refuses it). Qwen2.5-Coder-0.5B wrote
+``{"a": "12", "b": "7"}`` for ``multiply(a: float, b: float)`` under LlamaIndex's
+``FunctionAgent``, and the tool failed on strings; under LangChain's agent it copied the
+schema's ``"type": "object"`` into each call's arguments.
 """
 
 from __future__ import annotations
@@ -41,12 +47,13 @@ def bare_calls(text: str, names: Sequence[str]) -> Parsed | None:
     return _leading_calls(text, names) or _fenced_calls(text, names)
 
 
-def typed(calls: Sequence[ToolCall], schemas: Mapping[str, Mapping[str, Any]]) -> list[ToolCall]:
+def fitted(calls: Sequence[ToolCall], schemas: Mapping[str, Mapping[str, Any]]) -> list[ToolCall]:
     """``calls`` with each argument in the type its tool's parameter schema
-    (``schemas[name]``) declares, where a string spells it exactly; others unchanged."""
+    (``schemas[name]``) declares, where a string spells it exactly, and without keys an
+    object's schema neither declares nor allows; others unchanged."""
     out = []
     for call in calls:
-        arguments = _typed(call.arguments, schemas.get(call.name) or {})
+        arguments = _fitted(call.arguments, schemas.get(call.name) or {})
         out.append(call if arguments == call.arguments else replace(call, arguments=arguments))
     return out
 
@@ -55,14 +62,19 @@ INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
-def _typed(value: Any, schema: Mapping[str, Any]) -> Any:
+def _fitted(value: Any, schema: Mapping[str, Any]) -> Any:
     declared = schema.get("type")
     types = set(declared) if isinstance(declared, list) else {declared}
     if isinstance(value, dict):
-        properties = schema.get("properties") or {}
-        return {k: _typed(v, properties.get(k) or {}) for k, v in value.items()}
+        properties = schema.get("properties")
+        if not isinstance(properties, Mapping):
+            return {k: _fitted(v, {}) for k, v in value.items()}
+        # strict_schema's rule: an object that does not say allows no other keys
+        others = schema.get("additionalProperties", False) is not False
+        kept = {k: v for k, v in value.items() if k in properties or others}
+        return {k: _fitted(v, properties.get(k) or {}) for k, v in kept.items()}
     if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        return [_typed(v, schema["items"]) for v in value]
+        return [_fitted(v, schema["items"]) for v in value]
     if not isinstance(value, str) or "string" in types:
         return value
     text = value.strip()
@@ -77,30 +89,38 @@ def _typed(value: Any, schema: Mapping[str, Any]) -> Any:
 
 def _leading_calls(text: str, names: Sequence[str]) -> Parsed | None:
     """Calls opening the answer; one call a line is several calls."""
+    parsed = _calls_ahead(text.strip(), names)
+    return parsed if parsed.calls or parsed.invalid else None
+
+
+def _calls_ahead(text: str, names: Sequence[str]) -> Parsed:
+    """The calls ``text`` opens with, one after another, and the text after them."""
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
-    rest = text.strip()
+    rest = text
     while rest.startswith(("{", "[")):
         end = _call_end(rest, names, cut=bool(calls or invalid))
         if end is None:
             break
         read_calls(rest[:end], names, calls, invalid)
         rest = rest[end:].strip()
-    return Parsed(rest, calls, invalid) if calls or invalid else None
+    return Parsed(rest, calls, invalid)
 
 
 def _fenced_calls(text: str, names: Sequence[str]) -> Parsed | None:
-    """Calls in fenced blocks anywhere in the answer; the other blocks stay content."""
+    """Calls in fenced blocks anywhere in the answer, a block holding only calls; the
+    other blocks stay content."""
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
     content: list[str] = []
     last = 0
     for match in FENCE.finditer(text):
-        body = match.group(1).strip()
-        if _call_end(body, names) == len(body):
+        block = _calls_ahead(match.group(1).strip(), names)
+        if (block.calls or block.invalid) and not block.content:
             content.append(text[last : match.start()])
             last = match.end()
-            read_calls(body, names, calls, invalid)
+            calls += block.calls
+            invalid += block.invalid
     if not calls and not invalid:
         return None
     content.append(text[last:])

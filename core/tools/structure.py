@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from kvboost_rag.core.tools.bare import bare_calls, bare_start, typed
+from kvboost_rag.core.tools.bare import bare_calls, bare_start, fitted
 from kvboost_rag.core.tools.formats import (
     CANONICAL_JSON,
     FORMATS,
@@ -124,9 +124,9 @@ class Structure:
         parsed = self.fmt.parse(text, self.names)
         if not parsed.calls and not parsed.invalid:
             bare = bare_calls(text, self.names)
-            if bare is not None:  # free text: its arguments typed as the schemas say
+            if bare is not None:  # free text: its arguments fitted to the schemas
                 schemas = {tool_name(t): parameters_of(t) for t in self.tools}
-                parsed = Parsed(bare.content, typed(bare.calls, schemas), bare.invalid)
+                parsed = Parsed(bare.content, fitted(bare.calls, schemas), bare.invalid)
         if not self.parallel and parsed.calls and len(parsed.calls) + len(parsed.invalid) > 1:
             # One call per answer, as the grammar allows in the tags: a small model's bare
             # calls, one a line, went on to other tools and back (Qwen2.5-Coder-0.5B)

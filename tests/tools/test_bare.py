@@ -70,8 +70,28 @@ def test_a_bare_call_s_arguments_take_the_declared_types_where_nothing_is_lost()
     assert [c.arguments for c in parsed.calls] == [
         {"a": 12, "b": -75.0},
         {"city": "12"},  # a string where one is declared
-        {"n": 3, "on": True, "tags": [1, "x"], "opt": 2, "extra": "5"},
+        {"n": 3, "on": True, "tags": [1, "x"], "opt": 2},  # "extra" is not declared
         {"n": "3.5", "on": "yes", "opt": "0x1"},  # not exactly the declared type: kept
+    ]
+
+
+def test_a_bare_call_loses_keys_its_schema_does_not_allow() -> None:
+    """Qwen2.5-Coder-0.5B under LangChain's agent copied the schema's ``"type": "object"``
+    into its arguments; the grammar (``strict_schema``) would have refused the key."""
+    open_ended = tool("tag", label="string")
+    open_ended["function"]["parameters"]["additionalProperties"] = True
+    nested = tool("post", body="object")
+    nested["function"]["parameters"]["properties"]["body"]["properties"] = {"x": {}}
+    text = (
+        '{"name": "multiply", "arguments": {"a": 2, "b": 3, "type": "object"}}\n'
+        '{"name": "tag", "arguments": {"label": "x", "type": "object"}}\n'
+        '{"name": "post", "arguments": {"body": {"x": 1, "y": 2}, "z": 3}}'
+    )
+    parsed = Structure((*TOOLS, open_ended, nested), parallel=True).parse(text)
+    assert [c.arguments for c in parsed.calls] == [
+        {"a": 2, "b": 3},
+        {"label": "x", "type": "object"},  # the schema allows other keys
+        {"body": {"x": 1}},
     ]
 
 
@@ -93,6 +113,34 @@ def test_calls_one_a_line_are_several_calls() -> None:
     # one call per answer unless parallel: the first, and nothing after it
     one = Structure(TOOLS).parse(text)
     assert [c.name for c in one.calls] == ["multiply"] and one.invalid == []
+
+
+# Qwen2.5-Coder-0.5B's first answer under LangChain's create_agent to "What is 1.5 times 40,
+# multiplied by 7?" (benchmarks.tools): it came back as text, no call made.
+QWEN_FENCED_CALLS = (
+    '```json\n{"name": "multiply", "arguments": {"a": 1.5, "b": 40, "type": "object"}}\n'
+    '{"name": "order_status", "arguments": {"order_id": "A17", "type": "object"}}\n'
+    '{"name": "get_weather", "arguments": {"city": "London", "type": "object"}}\n```'
+)
+
+
+def test_a_fenced_block_of_calls_one_a_line_is_several_calls() -> None:
+    tools = (*TOOLS, tool("order_status", order_id="string"))
+    parsed = Structure(tools, parallel=True).parse(QWEN_FENCED_CALLS)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [
+        ("multiply", {"a": 1.5, "b": 40}),
+        ("order_status", {"order_id": "A17"}),
+        ("get_weather", {"city": "London"}),
+    ]
+    assert (parsed.content, parsed.invalid) == ("", [])
+    one = Structure(tools).parse("Let me see.\n" + QWEN_FENCED_CALLS)
+    assert [(c.name, c.arguments) for c in one.calls] == [("multiply", {"a": 1.5, "b": 40})]
+    assert (one.content, one.invalid) == ("Let me see.", [])
+
+
+def test_a_fenced_block_with_more_than_calls_stays_content() -> None:
+    text = f"```json\n{QWEN_BARE}\nprint(1)\n```"
+    assert bare_calls(text, NAMES) is None
 
 
 def test_a_list_of_bare_calls_is_several_calls() -> None:
