@@ -182,7 +182,7 @@ def _attention_forward(
         return type(self).forward(  # type: ignore[no-any-return]
             self, hidden_states, position_embeddings, attention_mask, cache=cache, **kwargs
         )
-    q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    q, k, v = _projections(self, hidden_states)
     query, key = _rope(q, cos, sin, batch, seq, dim), _rope(k, cos, sin, batch, seq, dim)
     value = v.view(batch, seq, -1, dim).transpose(1, 2)
     if cache is not None:
@@ -192,6 +192,23 @@ def _attention_forward(
         sliding_window=getattr(self, "sliding_window", None), **kwargs,
     )  # fmt: skip
     return self.o_proj(out.reshape(batch, seq, -1).contiguous()), weights
+
+
+def _projections(attn: Any, x: torch.Tensor) -> list[torch.Tensor]:
+    """The query, key and value projections of ``x``, a view of one joint product for each
+    that the blocks joined (``sibling_blocks.py``), computed once, not through each sibling."""
+    joints: dict[int, torch.Tensor] = {}
+    out = []
+    for layer in (attn.q_proj, attn.k_proj, attn.v_proj):
+        siblings: Any = getattr(layer, "siblings", None)
+        if siblings is None:
+            out.append(layer(x))
+            continue
+        if id(siblings) not in joints:
+            joints[id(siblings)] = siblings.whole.forward(x)
+        start, size = sum(siblings.sizes[: layer.sibling]), siblings.sizes[layer.sibling]
+        out.append(joints[id(siblings)][..., start : start + size])
+    return out
 
 
 def _rope(
