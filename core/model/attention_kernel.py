@@ -28,9 +28,7 @@ DTYPES = (torch.bfloat16, torch.float32)
 @cache
 def _library() -> Any:
     """The built kernel, or None where it cannot run (built once, on first use)."""
-    if block_kernel.missing() is not None:
-        return None
-    return block_kernel.library(default_cache_root(), block_kernel.ATTENTION)
+    return block_kernel.optional(default_cache_root(), block_kernel.ATTENTION)
 
 
 def prepare() -> bool:

@@ -25,6 +25,9 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+import torch
 
 SOURCE = Path(__file__).with_name("kernels") / "block_gemm.c"
 ATTENTION = SOURCE.with_name("few_query_attention.c")
@@ -92,6 +95,54 @@ def library(cache_root: Path, source: Path = SOURCE) -> ctypes.CDLL:
                                             ctypes.c_float, _ptr, _int]  # fmt: skip
         lib.few_query_attention.restype = _int
     return lib
+
+
+def optional(cache_root: Path, source: Path) -> ctypes.CDLL | None:
+    """``library`` where the kernel can run here, None where it cannot (built on first use)."""
+    return None if missing() is not None else library(cache_root, source)
+
+
+class Kernels:
+    """The kernel's entry points, looked up once; a model's deep copy shares them (ctypes
+    functions cannot be copied)."""
+
+    def __init__(self, library: Any) -> None:
+        self.legacy, self.k4, self.k6 = (
+            library.block_linear,
+            library.block_linear_k4,
+            library.block_linear_k6,
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Kernels:
+        return self
+
+
+class Addresses:
+    """Where a layer's packed tensors are (None: empty), read again when its ``q`` is another
+    tensor (its siblings joined, the module moved): a buffer read through ``nn.Module``
+    costs ~0.7 us, and a call read five. A model's deep copy starts afresh (its tensors may
+    be copies)."""
+
+    def __init__(self) -> None:
+        self.of_q: torch.Tensor | None = None
+        self.q: int | None = None
+        self.scale: int | None = None
+        self.mins: int | None = None
+        self.units: int | None = None
+        self.high: int | None = None
+        self.bias: int | None = None
+
+    def of(self, buffers: dict[str, Any], bias: torch.Tensor | None) -> Addresses:
+        if buffers["q"] is not self.of_q or (bias is None) != (self.bias is None):
+            for name in ("q", "scale", "mins", "units", "high"):
+                t = buffers[name]
+                setattr(self, name, t.data_ptr() if t.numel() else None)
+            self.bias = None if bias is None else bias.data_ptr()
+            self.of_q = buffers["q"]
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Addresses:
+        return Addresses()
 
 
 def _build(target: Path, source: Path) -> None:

@@ -54,8 +54,9 @@ class BlockLinear(torch.nn.Module):
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), False)
         self.costs: dict[int, float] = {}  # seconds per row count, once measured (``measure``)
         self.cache_root = cache_root  # where the built kernel is
-        self._kernel = Kernels(block_kernel.library(cache_root))  # built now, not in a request
-        self._at = Addresses()
+        # built now, not in a request
+        self._kernel = block_kernel.Kernels(block_kernel.library(cache_root))
+        self._at = block_kernel.Addresses()
         # the layers that read this one's input, multiplied together (``sibling_blocks.py``),
         # and this layer's index among them
         self.siblings: Any = None
@@ -106,49 +107,6 @@ class BlockLinear(torch.nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"weights={self.kind}, group={self.group}"
         )
-
-
-class Kernels:
-    """The kernel's entry points, looked up once; a model's deep copy shares them (ctypes
-    functions cannot be copied)."""
-
-    def __init__(self, library: Any) -> None:
-        self.legacy, self.k4, self.k6 = (
-            library.block_linear,
-            library.block_linear_k4,
-            library.block_linear_k6,
-        )
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Kernels:
-        return self
-
-
-class Addresses:
-    """Where a layer's packed tensors are (None: empty), read again when its ``q`` is another
-    tensor (its siblings joined, the module moved): a buffer read through ``nn.Module``
-    costs ~0.7 us, and a call read five. A model's deep copy starts afresh (its tensors may
-    be copies)."""
-
-    def __init__(self) -> None:
-        self.of_q: torch.Tensor | None = None
-        self.q: int | None = None
-        self.scale: int | None = None
-        self.mins: int | None = None
-        self.units: int | None = None
-        self.high: int | None = None
-        self.bias: int | None = None
-
-    def of(self, buffers: dict[str, Any], bias: torch.Tensor | None) -> Addresses:
-        if buffers["q"] is not self.of_q or (bias is None) != (self.bias is None):
-            for name in ("q", "scale", "mins", "units", "high"):
-                t = buffers[name]
-                setattr(self, name, t.data_ptr() if t.numel() else None)
-            self.bias = None if bias is None else bias.data_ptr()
-            self.of_q = buffers["q"]
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Addresses:
-        return Addresses()
 
 
 def supports(rows: int, inputs: int, lv: Levels) -> bool:

@@ -40,9 +40,7 @@ DTYPES = (torch.bfloat16, torch.float32)
 
 @cache
 def _library() -> Any:
-    if block_kernel.missing() is not None:
-        return None
-    return block_kernel.library(default_cache_root(), block_kernel.LAYER_OPS)
+    return block_kernel.optional(default_cache_root(), block_kernel.LAYER_OPS)
 
 
 def install(model: Any) -> int:
