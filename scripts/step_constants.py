@@ -45,7 +45,7 @@ from kvboost_rag.core.generation.batch import Batch
 from kvboost_rag.core.generation.compiled import CompiledStep
 from kvboost_rag.core.generation.handle import ModelHandle
 from kvboost_rag.core.model import linears
-from kvboost_rag.core.model.packed import packed_linear
+from kvboost_rag.core.model.torch_compat import packed_linear, reorder_linear_weight
 
 KEYS = 900  # cached keys a decoding row holds: a RAG prompt of three passages
 PROMPT = 830  # a prompt's tokens, filled
@@ -177,7 +177,7 @@ def prefix(runner: Any, vocab: int) -> dict[str, Any]:
 
 def head(model: Any) -> dict[str, Any]:
     weight = model.get_output_embeddings().weight.detach()
-    packs = {hint: torch.ops.mkldnn._reorder_linear_weight(weight, hint) for hint in (1, 8, 16)}
+    packs = {hint: reorder_linear_weight(weight, hint) for hint in (1, 8, 16)}
     out: dict[str, Any] = {}
     for rows in (1, 8, 9):
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)

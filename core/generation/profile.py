@@ -32,8 +32,9 @@ from kvboost_rag.core.model import linears
 from kvboost_rag.core.model.attention import steered
 from kvboost_rag.core.model.blocks import BlockLinear
 from kvboost_rag.core.model.footprint import step_bytes
-from kvboost_rag.core.model.hf_compat import attention_implementation, cpu_flash_attention
+from kvboost_rag.core.model.hf_compat import attention_implementation
 from kvboost_rag.core.model.quantized import QuantizedLinear
+from kvboost_rag.core.model.torch_compat import cpu_flash_attention
 
 if TYPE_CHECKING:
     from kvboost_rag.core.generation.batch import Batch

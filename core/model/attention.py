@@ -51,11 +51,8 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from kvboost_rag.core.model import attention_kernel
-from kvboost_rag.core.model.hf_compat import (
-    GROUPED_HEADS,
-    attention_implementation,
-    cpu_flash_attention,
-)
+from kvboost_rag.core.model.hf_compat import attention_implementation
+from kvboost_rag.core.model.torch_compat import GROUPED_HEADS, cpu_flash_attention
 
 NAME = "kvboost_sdpa"
 FEW_QUERIES = 4  # queries per row that ``few_query_attention`` takes under a mask

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvboost_rag.core.model.attention import few_query_attention
-from kvboost_rag.core.model.hf_compat import GROUPED_HEADS
 from kvboost_rag.core.model.measurements import FORGETFUL, Measurements
 from kvboost_rag.core.model.packed import median_seconds
+from kvboost_rag.core.model.torch_compat import GROUPED_HEADS
 
 KEYS = 512  # cached keys the forms are timed over
 ROWS = (1, 8)  # one request's step; eight decoding together (under the step's mask)

@@ -2,12 +2,11 @@
 
 transformers has no public builder for what ``generate`` prepares before its loop (the
 logits processors and stopping criteria it derives from a ``GenerationConfig``), and its
-attention registry is public but young (torch's CPU flash kernel, which returns the
-log-sum-exp that splitting attention needs, is a private op too). The engine decodes in its
-own loop and must pick tokens exactly as ``generate`` would, so it calls the same private
-methods ``generate`` calls. They are used here only; ``TESTED`` is the range the test suite
-runs against, and ``pyproject.toml`` pins the dependency to it
-(``tests/model/test_hf_compat.py`` checks both).
+attention registry is public but young (torch's private ops have a module of their own,
+``torch_compat``). The engine decodes in its own loop and must pick tokens exactly as
+``generate`` would, so it calls the same private methods ``generate`` calls. They are used
+here only; ``TESTED`` is the range the test suite runs against, and ``pyproject.toml`` pins
+the dependency to it (``tests/model/test_hf_compat.py`` checks both).
 """
 
 from __future__ import annotations
@@ -79,17 +78,6 @@ def eager_attention(model: Any) -> Iterator[None]:
         yield
     finally:
         model.set_attn_implementation(previous)
-
-
-# torch >= 2.5: SDPA's ``enable_gqa``, and its CPU flash kernel takes fewer key-value heads
-# than query heads (each serving a group of them, ``repeat_kv``'s order) without a copy.
-GROUPED_HEADS = Version(torch.__version__).release >= (2, 5)
-
-
-def cpu_flash_attention() -> Callable[..., Any] | None:
-    """torch's CPU flash-attention kernel, which returns the log-sum-exp beside the output
-    (``F.scaled_dot_product_attention`` does not); None where this torch lacks it."""
-    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def attention_implementations() -> list[str]:

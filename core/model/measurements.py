@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from kvboost_rag.core.model import torch_compat
+
 FORMAT = 1  # bumped when what an entry holds changes meaning
 OPENMP_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES")
 
@@ -107,21 +109,18 @@ def machine() -> dict[str, str]:
     import transformers
 
     name, flags = _cpu()
+    bf16 = torch.backends.mkldnn.is_available() and torch_compat.mkldnn_bf16_supported()
     return {
         "cpu": name,
         "cpu_flags": hashlib.blake2b(flags.encode(), digest_size=12).hexdigest(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "onednn_bf16": str(torch.backends.mkldnn.is_available() and _bf16()),
+        "onednn_bf16": str(bf16),
         # How OpenMP's workers wait between parallel regions changes which way is fastest
         # (on a busy 2-core machine a passive wait ran products 3-8x faster than spinning).
         "openmp": " ".join(f"{name}={os.environ.get(name, '')}" for name in OPENMP_SETTINGS),
     }
-
-
-def _bf16() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _cpu() -> tuple[str, str]:

@@ -28,8 +28,8 @@ moves its storage) is packed again before use. The packed copy costs one more co
 head in memory. By default it is used where it also measures faster at 8 rows
 (``PackedHead.usable``); a head under ``MEASURED_ELEMENTS`` is not timed and not used.
 
-The two ops are torch's private ones (inductor's lowering calls them); they exist from
-torch 2.1 and are checked on first use.
+The two ops are torch's private ones (inductor's lowering calls them), called through
+``torch_compat`` and checked before a head or layer is packed.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kvboost_rag.core.model import torch_compat
 from kvboost_rag.core.model.measurements import Measurements
+from kvboost_rag.core.model.torch_compat import packed_linear
 
 # The row count oneDNN is told to expect when reordering (and the head's check times). At
 # Qwen2.5-Coder-1.5B's head (bf16), reordered for 8 rows it took 40.0 / 39.7 / 40.8 ms at
@@ -69,10 +71,10 @@ def packs_dtype(dtype: torch.dtype) -> bool:
     computes it natively; False where torch lacks the ops."""
     if not torch.backends.mkldnn.is_available():
         return False
-    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if not torch_compat.usable(torch_compat.PACKED_LINEAR, "F.linear"):
         return False
     if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return torch_compat.mkldnn_bf16_supported()
     return bool(dtype == torch.float32)
 
 
@@ -84,11 +86,8 @@ def _head(model: Any) -> torch.nn.Linear | None:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> Any:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    """``weight`` reordered for ``packed_linear`` (``torch_compat``'s) at ``PACK_ROWS`` rows."""
+    return torch_compat.reorder_linear_weight(weight.detach(), PACK_ROWS)
 
 
 class PackedWeight:

@@ -44,6 +44,7 @@ from typing import Any, Literal, get_args
 import torch
 import torch.nn.functional as F
 
+from kvboost_rag.core.model import torch_compat
 from kvboost_rag.core.model.packed import median_seconds
 
 Weights = Literal["int8", "int4", "int8-dynamic", "gguf", "dense"]
@@ -54,6 +55,12 @@ REQUANTIZED = ("int8", "int4", "int8-dynamic")
 GROUPS = (128, 64, 32)  # int4 group sizes, largest first: the first that divides a layer's inputs
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)  # where the kernel may still beat a dense product
 DTYPES = (torch.bfloat16, torch.float32)
+# The private torch ops each kind's products run on (no public op computes them).
+KERNEL_OPS = {
+    "int8": torch_compat.INT8_WEIGHTS,
+    "int4": torch_compat.INT4_WEIGHTS,
+    "int8-dynamic": torch_compat.INT8_DYNAMIC,
+}
 
 
 def check_weights(weights: object, device: torch.device) -> str | None:
@@ -73,6 +80,13 @@ def check_weights(weights: object, device: torch.device) -> str | None:
         raise ValueError(
             "weights='int8-dynamic' needs PyTorch built with oneDNN (x86 CPUs); "
             "weights='int8' runs everywhere"
+        )
+    lacking = torch_compat.missing(*KERNEL_OPS.get(str(weights), ()))
+    if lacking:
+        raise ValueError(
+            f"weights={weights!r} runs on private torch kernels, and "
+            f"{torch_compat.lacking_text(lacking)}: install a torch in that range, or load "
+            "without weights= (the checkpoint's own)"
         )
     return weights  # type: ignore[return-value]
 
@@ -133,7 +147,7 @@ class QuantizedLinear(torch.nn.Module):
                 self.bias = torch.nn.Parameter(self.bias.float(), False)
             self.register_buffer("input_bits", torch.tensor(8, dtype=torch.int8))
             # oneDNN's packed layout (an opaque tensor, no state of its own: not a buffer)
-            self.onednn_weight = torch.ops.onednn.qlinear_prepack(q, None)
+            self.onednn_weight = torch_compat.qlinear_prepack(q)
             self.zero_points = torch.zeros(self.out_features, dtype=torch.int32)
             return
         self.group = next(g for g in GROUPS if self.in_features % g == 0)
@@ -145,7 +159,7 @@ class QuantizedLinear(torch.nn.Module):
         zero = low + 8 * scale
         q = q.reshape(self.out_features, self.in_features)
         self.register_buffer("nibbles", q[:, ::2] | (q[:, 1::2] << 4))  # for dequantizing
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        packed = torch_compat.convert_weight_to_int4pack(q.to(torch.int32))
         self.register_buffer("packed", packed)
         pairs = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()  # groups x out x 2
         self.register_buffer("scales_and_zeros", pairs.to(weight.dtype))
@@ -196,10 +210,8 @@ class QuantizedLinear(torch.nn.Module):
         if self.dynamic:
             return self.dynamic_product(flat)
         if self.kind == "int8":
-            return torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed, self.group, self.scales_and_zeros
-        )
+            return torch_compat.weight_int8pack_mm(flat, self.q, self.scale)
+        return torch_compat.weight_int4pack_mm(flat, self.packed, self.group, self.scales_and_zeros)
 
     def dynamic_product(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` quantized to int8 per row, times the int8 weight in integers; each row's
@@ -210,10 +222,9 @@ class QuantizedLinear(torch.nn.Module):
         # 128: the same sums, and its uint8 kernels have no slow shapes (int8 inputs took
         # 7.4 ms for a 1536 x 256 layer at one row against 0.04 ms, 2-core Xeon)
         q = torch.round(x / step).add_(128).to(torch.uint8)
-        sums = torch.ops.onednn.qlinear_pointwise(
-            q, 1.0, 128, self.onednn_weight, self.scale, self.zero_points,
-            None, 1.0, 0, torch.float32, "none", [], "",
-        )  # fmt: skip
+        sums = torch_compat.qlinear_pointwise(
+            q, 128, self.onednn_weight, self.scale, self.zero_points
+        )
         out = sums.mul_(step) if self.bias is None else torch.addcmul(self.bias, sums, step)
         return out.to(flat.dtype)
 
