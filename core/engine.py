@@ -30,11 +30,10 @@ from kvboost_rag.core.model.loading import (
     default_cache_root,
     default_dtype,
     gguf_source,
-    load_model,
     resolve_model_path,
 )
 from kvboost_rag.core.model.quantized import check_weights, weights_for
-from kvboost_rag.core.model.stored_weights import store_weights
+from kvboost_rag.core.model.stored_weights import load_stored
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.requests import Requests
@@ -144,8 +143,9 @@ class KVBoost:
         path = resolve_model_path(model, gguf_file=gguf_file)
         source = gguf_source(model, gguf_file=gguf_file)
         kind = weights_for(checked, source is not None)
-        hf_model, tokenizer = load_model(path, chosen, dev, **model_kwargs)
-        store_weights(hf_model, kind, path, source, default_cache_root())
+        hf_model, tokenizer = load_stored(
+            path, chosen, dev, kind, source, default_cache_root(), **model_kwargs
+        )
         engine = cls(hf_model, tokenizer, config)
         engine.name = model
         return engine

@@ -194,6 +194,18 @@ def cache_file(folder: Path) -> Path:
     return folder / f"blocks-{block_kernel.version()}.safetensors"
 
 
+def cached_names(folder: Path) -> set[str]:
+    """The weights (state-dict names) whose blocks ``folder``'s cache holds: a start reads
+    them from there, not from the folder (empty when nothing is cached)."""
+    from safetensors import safe_open
+
+    cached = cache_file(folder)
+    if not cached.exists():
+        return set()
+    with safe_open(str(cached), framework="pt") as f:
+        return {f"{key.rpartition('|')[0]}.weight" for key in f.keys()}
+
+
 def use_blocks(model: Any, folder: Path, gguf: Any, cache_root: Path) -> list[BlockLinear]:
     """Replace ``model``'s linear layers whose GGUF tensors are in a block format with
     ``BlockLinear``s (the others stay as they are), from ``folder``'s cache of packed blocks

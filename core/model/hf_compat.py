@@ -97,6 +97,19 @@ def is_hub_kernel(name: str) -> bool:
     return bool(is_kernel(name))
 
 
+def empty_model(config: Any, dtype: torch.dtype) -> Any:
+    """``config``'s causal LM built with its weights allocated and not initialized (no page
+    of them touched until loaded), buffers computed (RoPE's frequencies), weights tied as
+    ``from_pretrained`` ties them."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()
+    return model
+
+
 def gguf_tensors(path: str, model: Any) -> Iterator[tuple[str, Any]]:
     """The tensors of the GGUF file ``path`` one at a time, dequantized to float32 numpy
     arrays under ``model``'s state-dict names (``model`` may sit on the meta device), each

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import torch
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import UnknownModelError
+from kvboost_rag.core.model.converted import NotConverted, load_converted
 from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, converted_checkpoint, gguf_path
 from kvboost_rag.core.model.gguf import converted_folder, is_gguf
 
@@ -226,11 +227,25 @@ def _check_reachable(model_id: str) -> None:
 
 
 def load_model(
-    path: str, dtype: torch.dtype, device: torch.device, **model_kwargs: Any
+    path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    unread: Collection[str] | None = None,
+    **model_kwargs: Any,
 ) -> tuple[Any, Any]:
+    """The model and tokenizer of the folder or HF id ``path`` in ``dtype`` on ``device``.
+    ``unread``: for a folder ``convert_gguf`` wrote, the tensors the caller replaces, left
+    unread (``converted.load_converted``, on a CPU with no other loading option); None: any
+    folder, loaded by transformers' ``from_pretrained``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if unread is not None and not model_kwargs and device.type == "cpu":
+        try:
+            return load_converted(Path(path), dtype, unread), tokenizer
+        except NotConverted:
+            pass  # a folder of another make: transformers reads it
     with _no_loading_bar():
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs)

@@ -8,10 +8,31 @@ import gc
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kvboost_rag.core.model import lean_layers
-from kvboost_rag.core.model.blocks import use_blocks
+from kvboost_rag.core.model.blocks import cached_names, use_blocks
+from kvboost_rag.core.model.loading import load_model
 from kvboost_rag.core.model.quantized import quantize
 from kvboost_rag.core.model.sibling_blocks import join
+
+
+def load_stored(
+    path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    kind: str | None,
+    gguf: Any,
+    cache_root: Path,
+    **model_kwargs: Any,
+) -> tuple[Any, Any]:
+    """The model and tokenizer at ``path`` with their linear layers stored as ``kind``
+    (``store_weights``). A folder converted from the GGUF ``gguf()`` (None: another folder)
+    is read tensor by tensor, without the float weights of layers whose blocks are cached."""
+    unread = None if gguf is None else cached_names(Path(path)) if kind == "gguf" else set()
+    model, tokenizer = load_model(path, dtype, device, unread=unread, **model_kwargs)
+    store_weights(model, kind, path, gguf, cache_root)
+    return model, tokenizer
 
 
 def store_weights(

@@ -276,7 +276,7 @@ def test_bad_usage_is_one_line_and_status_2(
     def no_loading(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model was loaded for a command line that is wrong")
 
-    monkeypatch.setattr("kvboost_rag.core.engine.load_model", no_loading)
+    monkeypatch.setattr("kvboost_rag.core.model.stored_weights.load_model", no_loading)
     for argv in bad_usage(tmp_path):
         status, out, err = run(argv, capsys)
         assert (status, out) == (2, ""), (argv, status, out, err)

@@ -23,7 +23,7 @@ from conftest import run_thorough
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-import kvboost_rag.core.engine as engine_module
+import kvboost_rag.core.model.stored_weights as loading_module
 from kvboost_rag.cli import BENCHES, main
 
 USAGE, FAILED = 2, 1
@@ -61,15 +61,15 @@ def check_output(status: int, out: str, err: str, argv: list[str]) -> None:
 def loads(tiny_model_dir: str) -> list[str]:
     """The models loaded (their paths), counted: bad usage must load none."""
     loaded: list[str] = []
-    real = engine_module.load_model
+    real = loading_module.load_model
 
     def counted(path: str, *args: Any, **kwargs: Any) -> Any:
         loaded.append(path)
         return real(path, *args, **kwargs)
 
-    engine_module.load_model = counted  # type: ignore[assignment]
+    loading_module.load_model = counted  # type: ignore[assignment]
     yield loaded
-    engine_module.load_model = real  # type: ignore[assignment]
+    loading_module.load_model = real  # type: ignore[assignment]
 
 
 # -- warm ----------------------------------------------------------------------------------

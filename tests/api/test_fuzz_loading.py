@@ -22,7 +22,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-import kvboost_rag.core.engine as engine_module
+import kvboost_rag.core.model.stored_weights as loading_module
 from kvboost_rag import KVBoost, KVBoostConfig
 
 SOME_JUNK = JUNK.filter(lambda value: value is not None)  # None means "the default" here
@@ -86,15 +86,15 @@ def folder(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dic
 def loads() -> list[str]:
     """Models whose weights were loaded: a refused call loads none."""
     loaded: list[str] = []
-    real = engine_module.load_model
+    real = loading_module.load_model
 
     def counted(path: str, *args: Any, **kwargs: Any) -> Any:
         loaded.append(path)
         return real(path, *args, **kwargs)
 
-    engine_module.load_model = counted  # type: ignore[assignment]
+    loading_module.load_model = counted  # type: ignore[assignment]
     yield loaded
-    engine_module.load_model = real  # type: ignore[assignment]
+    loading_module.load_model = real  # type: ignore[assignment]
 
 
 def resolved(arguments: dict[str, Any], folder: dict[str, str]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kvboost_rag.core.engine as engine_module
+import kvboost_rag.core.model.stored_weights as loading_module
 from kvboost_rag import KVBoost, KVBoostConfig, UnknownModelError
 
 # What a new user passes, and what they must be told, before anything loads.
@@ -57,7 +57,7 @@ def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     def load(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before its arguments were checked")
 
-    monkeypatch.setattr(engine_module, "load_model", load)
+    monkeypatch.setattr(loading_module, "load_model", load)
 
 
 @pytest.mark.parametrize("kwargs, error, message", REFUSED)

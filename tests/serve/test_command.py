@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from cli_run import run
 
-import kvboost_rag.core.engine as engine_module
+import kvboost_rag.core.model.stored_weights as loading_module
 from kvboost_rag.serve_command import API_KEY_VARIABLE
 
 
@@ -16,7 +16,7 @@ from kvboost_rag.serve_command import API_KEY_VARIABLE
 def loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Models loaded: none may be, for a command line that is refused."""
     loaded: list[Any] = []
-    monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(loading_module, "load_model", lambda *a, **k: loaded.append(a))
     return loaded
 
 
