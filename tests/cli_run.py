@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvboost_rag.cli import main
+from kvboost_rag.cli.main import main
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

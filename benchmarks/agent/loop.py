@@ -109,8 +109,8 @@ def run_langchain(engine: RecordingEngine, docs: list[Any], k: int, max_tokens: 
     from langchain_core.vectorstores import InMemoryVectorStore
     from langgraph.checkpoint.memory import InMemorySaver
 
+    from kvboost_rag.cli.rag_setup import minilm_embeddings
     from kvboost_rag.integrations.langchain import ChatKVBoost, retriever_tool
-    from kvboost_rag.rag_setup import minilm_embeddings
 
     store = InMemoryVectorStore.from_documents(docs, minilm_embeddings())
     search = retriever_tool(
@@ -189,7 +189,7 @@ def hf_langchain_probe(base: KVBoost, docs: list[Any], max_tokens: int) -> dict[
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
 
-    from kvboost_rag.rag_setup import hf_chat_model
+    from kvboost_rag.cli.rag_setup import hf_chat_model
 
     tools = [tool(f) for f in calculator_functions()]
     try:

@@ -22,11 +22,11 @@ import torch
 
 from benchmarks.agent import loop as agent_loop
 from benchmarks.common.records import write_record
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
+from kvboost_rag.cli.rag_setup import essay_documents
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.rag_setup import essay_documents
 from kvboost_rag.warm import warm_corpus
 
 FRAMEWORKS = {"langchain": agent_loop.run_langchain, "llamaindex": agent_loop.run_llamaindex}

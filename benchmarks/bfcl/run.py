@@ -18,8 +18,8 @@ from typing import Any
 from benchmarks.bfcl.questions import CATEGORIES, Question, load, right
 from benchmarks.common.plain import Calls, plain_answer
 from benchmarks.common.records import write_record
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.core.engine import KVBoost
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.metrics import median
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
 
 SYSTEM = (
     "You are a helpful assistant for a small bakery. The bakery opens at 7 am and closes at "

@@ -50,9 +50,9 @@ import torch
 from benchmarks.common.cluster_server import ClusterProcess
 from benchmarks.common.redis_server import DelayedLink, RedisProcess
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench.common.corpus import passages
 from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.cli.arguments import ArgumentParser, positive
 from kvboost_rag.core.store.memory import Entry
 from kvboost_rag.core.store.remote import RemoteStore
 from kvboost_rag.core.store.remote_link import RemoteLink

@@ -44,8 +44,8 @@ from benchmarks.constrained.tasks import (
     json_errors,
 )
 from kvboost_rag import KVBoost
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.metrics import median
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.core.generation.handle import eos_ids
 from kvboost_rag.core.tools.structure import Structure, json_schema
 

@@ -53,18 +53,18 @@ import torch
 from benchmarks.decode.contenders import Peer, engine_system, generate_system
 from benchmarks.decode.report import KINDS, add_floor, draw, summarize, table
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import (
+from kvboost_rag.bench.common.bandwidth import buffer_bytes, read_bandwidth
+from kvboost_rag.bench.common.baseline import write_report
+from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passages
+from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.bench.common.transcript import Transcript, note
+from kvboost_rag.cli.arguments import (
     ArgumentParser,
     dtype_name,
     positive,
     positive_list,
     weights_list,
 )
-from kvboost_rag.bench.common.bandwidth import buffer_bytes, read_bandwidth
-from kvboost_rag.bench.common.baseline import write_report
-from kvboost_rag.bench.common.corpus import fact_passages, messages_for, passages
-from kvboost_rag.bench.common.systems import machine
-from kvboost_rag.bench.common.transcript import Transcript, note
 from kvboost_rag.core.model.quantized import WEIGHTS
 
 SYSTEMS = (

@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from kvboost_rag import KVBoost
-from kvboost_rag.arguments import ArgumentParser, dtype_name, one_of, positive, positive_list
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, one_of, positive, positive_list
 from kvboost_rag.core.generation.handle import ModelHandle
 from kvboost_rag.core.model.arch import model_support
 from kvboost_rag.core.model.attention import few_query_attention

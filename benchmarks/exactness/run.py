@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import ArgumentParser, dtype_list, positive
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.corpus import passages
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import Transcript, note
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_list, positive
 
 SYSTEM = "You are a careful assistant. Answer in one or two sentences, plainly."
 

@@ -41,7 +41,7 @@ import torch
 from benchmarks.faults.lab import MODEL, Lab, engine_config, make_pool, make_queries
 from benchmarks.faults.watch import Watch, close, row, watching
 from kvboost_rag import KVBoost
-from kvboost_rag.arguments import ArgumentParser, positive
+from kvboost_rag.cli.arguments import ArgumentParser, positive
 
 
 def run_all(lab: Lab, cases: list[tuple[str, Callable[[Lab, Watch], None]]]) -> list[dict]:

@@ -40,17 +40,17 @@ from benchmarks.front.report import (
     totals,
 )
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import (
+from kvboost_rag.bench.common import systems
+from kvboost_rag.bench.common.baseline import write_report
+from kvboost_rag.bench.common.corpus import passages
+from kvboost_rag.bench.common.metrics import median
+from kvboost_rag.cli.arguments import (
     ArgumentParser,
     add_weights,
     dtype_name,
     positive,
     positive_list,
 )
-from kvboost_rag.bench.common import systems
-from kvboost_rag.bench.common.baseline import write_report
-from kvboost_rag.bench.common.corpus import passages
-from kvboost_rag.bench.common.metrics import median
 
 SIZES = {4: "1k", 8: "2k"}  # passages per prompt -> prompt size
 PASSAGE_TOKENS = (190, 240)  # essay pieces between these lengths: 4 make ~1k tokens

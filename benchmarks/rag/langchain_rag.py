@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import QUESTION_PREFIX
-from kvboost_rag.rag_setup import (
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
+from kvboost_rag.cli.rag_setup import (
     answer_stats,
     essay_documents,
     hf_chat_model,

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.corpus import passages
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
+from kvboost_rag.cli.timing import first_token_ms
 from kvboost_rag.core.prompt.chunker import CLOSE, OPEN, parse_segments
-from kvboost_rag.timing import first_token_ms
 
 
 @dataclass

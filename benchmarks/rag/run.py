@@ -20,7 +20,6 @@ import torch
 
 from benchmarks.common.cold import cold_start
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive, positive_list
 from kvboost_rag.bench.common import systems
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.corpus import (
@@ -33,6 +32,7 @@ from kvboost_rag.bench.common.corpus import (
 )
 from kvboost_rag.bench.common.memory import PeakMemory
 from kvboost_rag.bench.common.metrics import Row, kl_div, median, summary
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive, positive_list
 
 NEW_TOKENS = 16
 SYSTEMS: dict[str, list[tuple[str, dict[str, Any]]]] = {

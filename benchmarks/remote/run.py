@@ -53,13 +53,13 @@ from benchmarks.remote.server import (
     used_memory,
 )
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.corpus import fact_passages, passages, warm_prefix
 from kvboost_rag.bench.common.metrics import median
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import Transcript, note
 from kvboost_rag.bench.warm.run import UNIT_TOKENS
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
 
 QUICK = {"units": 7, "queries": 1, "codec_queries": 1, "pool": 8, "rounds": 1}
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvboost_rag.arguments import ArgumentParser
+from kvboost_rag.cli.arguments import ArgumentParser
 
 
 def rag_tables(report: dict[str, Any]) -> str:

@@ -32,13 +32,13 @@ from benchmarks.common.cold import cold_start
 from benchmarks.rag import run as rag
 from benchmarks.suite.report import print_bench
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.arguments import ArgumentParser, dtype_name
 from kvboost_rag.bench.common import systems
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.chart import draw
 from kvboost_rag.bench.common.corpus import fact_passages, passages, warm_prefix
 from kvboost_rag.bench.common.memory import PeakMemory
 from kvboost_rag.bench.common.metrics import median, p90
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name
 from kvboost_rag.core.model.loading import default_device
 
 

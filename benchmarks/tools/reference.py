@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from benchmarks.tools.tasks import FUNCTIONS, SPECS, SYSTEM, TASKS, ToolTask
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
 
 CALL_STARTS = ("{", "[", "```", "<tool_call>")
 

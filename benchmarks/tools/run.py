@@ -25,8 +25,8 @@ from typing import Any
 from benchmarks.common.records import write_record
 from benchmarks.tools.routes import ROUTES, Outcome
 from benchmarks.tools.tasks import KINDS
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.systems import machine
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.core.engine import KVBoost
 
 

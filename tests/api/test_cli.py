@@ -7,7 +7,7 @@ from cli_run import run
 from conftest import make_model, make_tokenizer
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages
-from kvboost_rag.cli import BENCHES, STUDIES, main
+from kvboost_rag.cli.main import BENCHES, STUDIES, main
 from kvboost_rag.core.model.quantized import QuantizedLinear, quantize
 
 
@@ -56,7 +56,7 @@ def test_unknown_subcommand_exits_with_usage(capsys: pytest.CaptureFixture[str])
 def test_demo_and_cli_do_not_import_the_benchmarks() -> None:
     # A fresh interpreter: this test process may already have loaded kvboost_rag.bench.
     check = (
-        "import sys, kvboost_rag.cli, kvboost_rag.demo; "
+        "import sys, kvboost_rag.cli.main, kvboost_rag.cli.demo; "
         "bench = [m for m in sys.modules if m.startswith('kvboost_rag.bench')]; "
         "assert not bench, bench"
     )

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvboost_rag.cli import main
+from kvboost_rag.cli.main import main
 
 
 def test_cli_warm_folder_then_again_from_disk(

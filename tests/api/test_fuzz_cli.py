@@ -24,7 +24,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import kvboost_rag.core.model.stored_weights as loading_module
-from kvboost_rag.cli import BENCHES, main
+from kvboost_rag.cli.main import BENCHES, main
 
 USAGE, FAILED = 2, 1
 NOTE = "Note {i}: item {i} costs {i} dollars."

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from kvboost_rag import KVBoost, UnknownModelError
-from kvboost_rag.cli import main
+from kvboost_rag.cli.main import main
 from kvboost_rag.core.model import embedded
 from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, EmbeddedModel, embedded_available
 from kvboost_rag.core.model.gguf import convert_gguf, stop_ids

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from kvboost_rag.bench.load.report import summarize
-from kvboost_rag.cli import BENCHES
+from kvboost_rag.cli.main import BENCHES
 
 pytestmark = pytest.mark.embedded
 SYSTEMS = ["batched", "serialized", "HuggingFacePipeline"]

@@ -9,7 +9,7 @@ import pytest
 from cli_run import run
 
 import kvboost_rag.core.model.stored_weights as loading_module
-from kvboost_rag.serve_command import API_KEY_VARIABLE
+from kvboost_rag.cli.serve import API_KEY_VARIABLE
 
 
 @pytest.fixture

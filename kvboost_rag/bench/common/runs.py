@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.arguments import add_weights, positive
 from kvboost_rag.bench.common.baseline import write_report
 from kvboost_rag.bench.common.transcript import Transcript
+from kvboost_rag.cli.arguments import add_weights, positive
 
 Report = dict[str, Any]
 

@@ -37,12 +37,6 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.arguments import (
-    ArgumentParser,
-    dtype_name,
-    positive,
-    positive_list,
-)
 from kvboost_rag.bench.common.baseline import TokenCollector
 from kvboost_rag.bench.common.corpus import (
     FactPassage,
@@ -55,6 +49,12 @@ from kvboost_rag.bench.common.runs import parse_common, run_and_write
 from kvboost_rag.bench.common.systems import machine
 from kvboost_rag.bench.common.transcript import note
 from kvboost_rag.bench.latency.report import draw, summarize, table
+from kvboost_rag.cli.arguments import (
+    ArgumentParser,
+    dtype_name,
+    positive,
+    positive_list,
+)
 from kvboost_rag.core.choices import Fidelity
 
 FIDELITIES: tuple[Fidelity, ...] = ("exact", "balanced", "fast")

@@ -33,7 +33,6 @@ import time
 from typing import Any
 
 from kvboost_rag import KVBoost, KVBoostConfig, format_passages, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, dtype_name, positive
 from kvboost_rag.bench.common.corpus import QUESTION_PREFIX, passages
 from kvboost_rag.bench.common.runs import parse_common, run_and_write
 from kvboost_rag.bench.common.systems import machine
@@ -48,7 +47,8 @@ from kvboost_rag.bench.load.systems import (
     pipeline_system,
     same,
 )
-from kvboost_rag.rag_setup import SYSTEM
+from kvboost_rag.cli.arguments import ArgumentParser, dtype_name, positive
+from kvboost_rag.cli.rag_setup import SYSTEM
 
 QUICK = {"levels": "1,2", "max_new_tokens": 8, "passages": 8, "chunk_tokens": 96, "k": 2}
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvboost_rag import KVBoost
+from kvboost_rag.cli.timing import first_token_ms
 from kvboost_rag.core.prompt.chunker import parse_segments
-from kvboost_rag.timing import first_token_ms
 
 Messages = list[dict[str, str]]
 

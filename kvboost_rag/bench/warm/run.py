@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from kvboost_rag import KVBoost, KVBoostConfig, warm_corpus
-from kvboost_rag.arguments import ArgumentParser, positive
 from kvboost_rag.bench.common.baseline import full_prefill, write_report
 from kvboost_rag.bench.common.corpus import FactPassage, messages_for, passages, queries
 from kvboost_rag.bench.common.metrics import median
+from kvboost_rag.cli.arguments import ArgumentParser, positive
 
 UNIT_TOKENS = 140
 

@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import NoReturn, TextIO
 
-from kvboost_rag import model_commands, serve_command, warm_command
-from kvboost_rag.arguments import (
+from kvboost_rag.cli import models, serve, warm
+from kvboost_rag.cli.arguments import (
     FAILED,
     USAGE,
     ArgumentParser,
@@ -80,7 +80,7 @@ def bench(argv: list[str]) -> None:
 
 
 def demo(args: argparse.Namespace) -> None:
-    from kvboost_rag.demo import demo as run_demo
+    from kvboost_rag.cli.demo import demo as run_demo
 
     run_demo(args)
 
@@ -190,17 +190,13 @@ def parser() -> ArgumentParser:
         help="bench latency|load|warm [options]: measure this machine and model (the "
         "studies are in the repository's benchmarks/ folder)",
     )
-    warm_command.add_parser(sub)
-    serve_command.add_parser(sub)
-    model_commands.add_parsers(sub)
+    warm.add_parser(sub)
+    serve.add_parser(sub)
+    models.add_parsers(sub)
     return parser
 
 
 def _questions() -> list[str]:
-    from kvboost_rag.demo import QUESTIONS
+    from kvboost_rag.cli.demo import QUESTIONS
 
     return QUESTIONS
-
-
-if __name__ == "__main__":
-    main()

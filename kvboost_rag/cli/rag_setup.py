@@ -10,9 +10,9 @@ import os
 import time
 from typing import Any
 
+from kvboost_rag.cli.timing import first_token_ms
 from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.essays import essay_texts
-from kvboost_rag.timing import first_token_ms
 
 # The system message of the chain's prompt, before the documents.
 SYSTEM = "Answer the question using only these documents.\n\n"

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from kvboost_rag.core.engine import KVBoost
-from kvboost_rag.rag_setup import (
+from kvboost_rag.cli.rag_setup import (
     SYSTEM,
     answer_stats,
     essay_documents,
@@ -24,7 +23,8 @@ from kvboost_rag.rag_setup import (
     retrieval_chain,
     stream_first_token,
 )
-from kvboost_rag.timing import first_token_ms
+from kvboost_rag.cli.timing import first_token_ms
+from kvboost_rag.core.engine import KVBoost
 from kvboost_rag.warm import warm_corpus
 
 QUESTIONS = [

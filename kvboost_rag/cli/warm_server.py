@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from kvboost_rag.arguments import CommandFailed
+from kvboost_rag.cli.arguments import CommandFailed
 
 __all__ = ["warm_through"]
 

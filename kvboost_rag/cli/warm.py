@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvboost_rag import serve_command
-from kvboost_rag.arguments import (
+from kvboost_rag.cli.arguments import (
     BadUsage,
     CommandFailed,
     add_weights,
@@ -21,6 +20,7 @@ from kvboost_rag.arguments import (
     dtype_name,
     folder,
 )
+from kvboost_rag.cli.serve import API_KEY_VARIABLE
 
 if TYPE_CHECKING:
     from kvboost_rag.core.results import WarmResult
@@ -96,8 +96,8 @@ def warm_folder(args: argparse.Namespace) -> None:
 
 def warm_on_server(args: argparse.Namespace) -> None:
     """Warm the folder's files on a running ``kvboost-rag serve`` (its engine and tiers)."""
+    from kvboost_rag.cli.warm_server import warm_through
     from kvboost_rag.core.results import WarmResult
-    from kvboost_rag.warm_server import warm_through
 
     if args.cache_dir is not None or args.remote_url is not None:
         raise BadUsage(
@@ -112,7 +112,7 @@ def warm_on_server(args: argparse.Namespace) -> None:
         raise CommandFailed(f"none of the {len(files)} files in {args.folder} can be warmed")
     layout = {"system": args.system} if args.system is not None else {}
     layout.update({"prefix": args.prefix} if args.prefix is not None else {})
-    key = args.api_key or os.environ.get(serve_command.API_KEY_VARIABLE)
+    key = args.api_key or os.environ.get(API_KEY_VARIABLE)
     summary = warm_through(args.server, key, [t.page_content for t in texts], layout)
     counts = {name: summary[name] for name in WarmResult.__dataclass_fields__ if name in summary}
     lists = {name: tuple(summary.get(name, ())) for name in ("failed", "pieces")}
@@ -195,8 +195,7 @@ def add_parser(sub: Any) -> None:
     )
     w.add_argument(
         "--api-key",
-        help=f"--server's API key (default: the environment variable "
-        f"{serve_command.API_KEY_VARIABLE})",
+        help=f"--server's API key (default: the environment variable {API_KEY_VARIABLE})",
     )
     w.add_argument(
         "--cache-dir", type=cache_folder, help="the disk tier every process of this machine reads"

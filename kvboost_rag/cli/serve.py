@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from kvboost_rag.arguments import (
+from kvboost_rag.cli.arguments import (
     BadUsage,
     CommandFailed,
     add_weights,

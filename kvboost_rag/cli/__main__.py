@@ -1,0 +1,5 @@
+"""``python -m kvboost_rag.cli``: the ``kvboost-rag`` command."""
+
+from kvboost_rag.cli.main import main
+
+main()
