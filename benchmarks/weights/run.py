@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvboost_rag.arguments import ArgumentParser
 from kvboost_rag.bench.common.baseline import write_report
+from kvboost_rag.cli.arguments import ArgumentParser
 
 PROBE = Path(__file__).with_name("probe.py")
 GIB = 2**30

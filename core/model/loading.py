@@ -16,6 +16,7 @@ import torch
 
 from kvboost_rag.core.config import KVBoostConfig
 from kvboost_rag.core.errors import UnknownModelError
+from kvboost_rag.core.model import torch_compat
 from kvboost_rag.core.model.converted import NotConverted, load_converted
 from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, converted_checkpoint, gguf_path
 from kvboost_rag.core.model.gguf import converted_folder, is_gguf
@@ -30,7 +31,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 where the hardware computes it natively, else fp32 (never fp16 on CPU)."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if device.type == "cpu" and torch_compat.mkldnn_bf16_supported():
         return torch.bfloat16
     return torch.float32
 

@@ -7,7 +7,6 @@ before it becomes a cycle."""
 from __future__ import annotations
 
 import ast
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
@@ -102,24 +101,10 @@ PACKAGE = ROOT / "kvboost_rag"
 # and the essay corpus (``kvboost_rag.essays``, which the examples and the engine guide
 # name). The command's modules are in ``kvboost_rag/cli/``.
 TOP = {"__init__", "documents", "essays", "warm"}
-# Left behind by the move into cli/, for its one importer outside it, to go with it.
-SHIMS = {"arguments": ["benchmarks/weights/run.py"]}
 
 
 def test_the_commands_modules_are_in_cli() -> None:
-    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP | set(SHIMS)
-
-
-def test_a_shim_is_imported_only_by_the_file_it_was_left_for() -> None:
-    folders = ["benchmarks", "scripts", "tests", "examples", "kvboost_rag", "core", "integrations"]
-    files = [path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))]
-    with warnings.catch_warnings():  # a test's regex literal, read here and not run
-        warnings.simplefilter("ignore", SyntaxWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        imported = {path.relative_to(ROOT).as_posix(): imports(path) for path in files}
-    for shim, left_for in SHIMS.items():
-        importers = [path for path, modules in imported.items() if f"kvboost_rag.{shim}" in modules]
-        assert importers == left_for
+    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP
 
 
 def test_nothing_below_the_command_imports_it() -> None:

@@ -15,9 +15,6 @@ from kvboost_rag.core.model import packed, quantized, torch_compat
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 PRIVATE_OPS = re.compile(r"torch\.ops\.(mkldnn|onednn|quantized|aten\._)")
-# Still calling one directly, to move into torch_compat: core/model/loading.py's default
-# dtype asks mkldnn._is_mkldnn_bf16_supported (torch_compat.mkldnn_bf16_supported).
-NOT_MOVED_YET = {"core/model/loading.py"}
 
 
 def test_the_installed_torch_is_in_the_tested_range() -> None:
@@ -50,7 +47,7 @@ def test_only_torch_compat_calls_private_torch_ops() -> None:
         for path in (ROOT / "core").rglob("*.py")
         if PRIVATE_OPS.search(path.read_text()) and path.name != "torch_compat.py"
     )
-    assert callers == sorted(NOT_MOVED_YET)
+    assert callers == []
     assert PRIVATE_OPS.search((ROOT / "core" / "model" / "torch_compat.py").read_text())
 
 
