@@ -6,8 +6,9 @@ holds it (``gguf_blocks.py``), packed once for ``kernels/block_gemm.c``, which m
 number of rows by them without dequantizing (``block_kernel.py``). Every row count takes the same
 kernel, so a decoding step, a warmed request's tail and a prefill read the same weights and a
 row's output does not depend on the rows beside it. The packed tensors are cached beside the
-converted checkpoint (``blocks-<kernel version>.safetensors``), so a later start reads them
-instead of the GGUF.
+converted checkpoint (``blocks-<kernel version>-joined.safetensors``), siblings already joined
+(``sibling_blocks.save_joined``), so a later start maps them from there: no GGUF read, no
+copy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kvboost_rag.core.model.quantized import ROW_COUNTS
 
 log = logging.getLogger(__name__)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernel reads and writes
+PARTS = ("q", "scale", "mins", "units", "high")  # the packed tensors, [out / 16, ...] each
 
 
 class BlockLinear(torch.nn.Module):
@@ -61,6 +63,8 @@ class BlockLinear(torch.nn.Module):
         # and this layer's index among them
         self.siblings: Any = None
         self.sibling = 0
+        # the joint tensors of a cache's siblings, this layer's views of them (``use_blocks``)
+        self.joint: dict[str, torch.Tensor] | None = None
 
     @property
     def kind(self) -> str:
@@ -191,7 +195,7 @@ def unpack(
 
 def cache_file(folder: Path) -> Path:
     """Where a converted checkpoint's packed blocks are kept, named by the kernel's version."""
-    return folder / f"blocks-{block_kernel.version()}.safetensors"
+    return folder / f"blocks-{block_kernel.version()}-joined.safetensors"
 
 
 def cached_names(folder: Path) -> set[str]:
@@ -203,38 +207,61 @@ def cached_names(folder: Path) -> set[str]:
     if not cached.exists():
         return set()
     with safe_open(str(cached), framework="pt") as f:
-        return {f"{key.rpartition('|')[0]}.weight" for key in f.keys()}
+        keys = {key.rpartition("|")[0] for key in f.keys()}
+    return {f"{name}.weight" for key in keys for name in key.split(",")}
 
 
 def use_blocks(model: Any, folder: Path, gguf: Any, cache_root: Path) -> list[BlockLinear]:
     """Replace ``model``'s linear layers whose GGUF tensors are in a block format with
     ``BlockLinear``s (the others stay as they are), from ``folder``'s cache of packed blocks
-    or, the first time, from the GGUF file ``gguf()`` returns (then cached); the new layers.
-    A tensor whose levels do not give the loaded weight back (a layout this reader does not
-    know) is left dense, with a warning."""
+    (mapped, not copied; siblings as views of their joint tensors) or, the first time, from
+    the GGUF file ``gguf()`` returns (``sibling_blocks.save_joined`` caches them); the new
+    layers. A tensor whose levels do not give the loaded weight back (a layout this reader
+    does not know) is left dense, with a warning."""
     from safetensors.torch import load_file
 
     cached = cache_file(folder)
     packed = _split(load_file(cached)) if cached.exists() else _from_gguf(model, Path(gguf()))
-    if not cached.exists() and packed:
-        _save(packed, cached)
+    named = {n: own for key, entry in packed.items() for n, own in _members(key, entry)}
     text, head = model.config.get_text_config(), _head_name(model)
-    if text.tie_word_embeddings and head in packed:
+    if text.tie_word_embeddings and head in named:
         text.tie_word_embeddings = False  # the head gets its blocks; the embedding table stays
     layers = []
-    for name, tensors in packed.items():
+    for name, (tensors, joint) in named.items():
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         linear = getattr(owner, attr)
         layer = BlockLinear(tensors, linear.bias, cache_root)
+        layer.joint = joint
         setattr(owner, attr, layer)
         layers.append(layer)
-    decoder = [layer for name, layer in zip(packed, layers) if name != head]
+    decoder = [layer for name, layer in zip(named, layers) if name != head]
     if decoder:
         costs = measure(max(decoder, key=lambda m: m.in_features * m.out_features))
         for layer in layers:
             layer.costs = costs
     return layers
+
+
+Packed = dict[str, torch.Tensor]
+
+
+def _members(key: str, entry: Packed) -> list[tuple[str, tuple[Packed, Packed | None]]]:
+    """The layers a cache entry holds, each with its packed tensors: one layer's own, or
+    each sibling's views of a joint entry (keyed by the siblings' names, with their
+    ``sizes``) and that entry."""
+    names = key.split(",")
+    if len(names) == 1:
+        return [(key, (entry, None))]
+    info, start = entry["info"].tolist(), 0
+    out: list[tuple[str, tuple[Packed, Packed | None]]] = []
+    for name, size in zip(names, entry["sizes"].tolist()):
+        rows = slice(start // 16, (start + size) // 16)
+        own = {p: entry[p][rows] for p in PARTS if p in entry}
+        own["info"] = torch.tensor([size, *info[1:]], dtype=torch.int64)
+        out.append((name, (own, entry)))
+        start += size
+    return out
 
 
 def measure(layer: BlockLinear, repeats: int = 3) -> dict[int, float]:
@@ -310,7 +337,8 @@ def _matches(lv: Levels, weight: torch.Tensor, samples: int = 8) -> bool:
     return bool(((ours - loaded).abs() <= tolerance).all())
 
 
-def _save(packed: dict[str, dict[str, torch.Tensor]], target: Path) -> None:
+def save(packed: dict[str, dict[str, torch.Tensor]], target: Path) -> None:
+    """``packed`` (layer or sibling names: their tensors) written to ``target`` atomically."""
     from safetensors.torch import save_file
 
     flat = {f"{name}|{part}": t for name, parts in packed.items() for part, t in parts.items()}

@@ -18,13 +18,12 @@ product computed for its own input.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvboost_rag.core.model.blocks import BlockLinear
-
-PARTS = ("q", "scale", "mins", "units", "high")  # the packed tensors, [out / 16, ...] each
+from kvboost_rag.core.model.blocks import PARTS, BlockLinear, save
 
 
 class Siblings:
@@ -32,7 +31,15 @@ class Siblings:
 
     def __init__(self, layers: list[BlockLinear]) -> None:
         sizes = [layer.out_features for layer in layers]
-        packed = {p: torch.cat([getattr(layer, p) for layer in layers]) for p in PARTS}
+        joint = layers[0].joint  # read from a cache that held them joined: no copy
+        if (
+            joint is not None
+            and all(x.joint is joint for x in layers)
+            and (joint["sizes"].tolist() == sizes)
+        ):
+            packed = {p: joint[p] for p in PARTS if p in joint}
+        else:
+            packed = {p: torch.cat([getattr(layer, p) for layer in layers]) for p in PARTS}
         first = layers[0]
         info = [sum(sizes), first.in_features, first.zero, first.bits, first.group]
         packed["info"] = torch.tensor(info, dtype=torch.int64)
@@ -49,7 +56,7 @@ class Siblings:
             for part in PARTS:  # the layer's own tensors become views of the joint ones
                 setattr(layer, part, getattr(self.whole, part)[blocks])
             start += sizes[i]
-            layer.siblings, layer.sibling = self, i
+            layer.siblings, layer.sibling, layer.joint = self, i, None
 
     def output(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Sibling ``i``'s product of ``x``: its part of the joint product computed for
@@ -98,3 +105,36 @@ def join(model: Any) -> int:
 def _format(layer: BlockLinear) -> tuple[Any, ...]:
     has = (layer.mins.numel() > 0, layer.units.numel() > 0)
     return (layer.in_features, layer.bits, layer.group, layer.zero, *has)
+
+
+def save_joined(model: Any, target: Path) -> None:
+    """``model``'s block layers cached at ``target`` as they are now: a joined group as its
+    joint tensors under its siblings' names (``"a,b,c|q"``, with their ``sizes``), which a
+    start maps and uses as they are (``blocks.use_blocks``); every other cache file of that
+    folder (an older kernel's) removed."""
+    entries: dict[str, dict[str, torch.Tensor]] = {}
+    groups: dict[int, dict[int, str]] = {}
+    joints: dict[int, Siblings] = {}
+    for name, layer in model.named_modules():
+        if not isinstance(layer, BlockLinear):
+            continue
+        if layer.siblings is None:
+            entries[name] = _parts(layer)
+        else:
+            groups.setdefault(id(layer.siblings), {})[layer.sibling] = name
+            joints[id(layer.siblings)] = layer.siblings
+    for key, names in groups.items():
+        siblings = joints[key]
+        entries[",".join(names[i] for i in sorted(names))] = _parts(siblings.whole) | {
+            "sizes": torch.tensor(siblings.sizes, dtype=torch.int64)
+        }
+    if entries:
+        save(entries, target)
+        for old in target.parent.glob("blocks-*.safetensors"):
+            if old != target:
+                old.unlink(missing_ok=True)
+
+
+def _parts(layer: BlockLinear) -> dict[str, torch.Tensor]:
+    own = {p: getattr(layer, p) for p in PARTS if getattr(layer, p).numel()}
+    return own | {"info": layer.info}

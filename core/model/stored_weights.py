@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.model import lean_layers
-from kvboost_rag.core.model.blocks import cached_names, use_blocks
+from kvboost_rag.core.model.blocks import cache_file, cached_names, use_blocks
 from kvboost_rag.core.model.loading import load_model
 from kvboost_rag.core.model.quantized import quantize
-from kvboost_rag.core.model.sibling_blocks import join
+from kvboost_rag.core.model.sibling_blocks import join, save_joined
 
 
 def load_stored(
@@ -44,8 +44,12 @@ def store_weights(
     float; or left as they are (None)."""
     if kind == "gguf":
         assert gguf is not None
+        cached = cache_file(Path(folder))
+        fresh = not cached.exists()
         use_blocks(model, Path(folder), gguf, cache_root)
         join(model)
+        if fresh:
+            save_joined(model, cached)
         lean_layers.install(model)
     elif kind is not None:
         quantize(model, kind)

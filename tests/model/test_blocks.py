@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.model import attention_choice, block_kernel
@@ -23,6 +24,7 @@ from kvboost_rag.core.model.embedded import embedded_available, gguf_path
 from kvboost_rag.core.model.gguf_blocks import Levels, dequantized
 from kvboost_rag.core.model.loading import default_cache_root, resolve_model_path
 from kvboost_rag.core.model.quantized import weights_for
+from kvboost_rag.core.model.sibling_blocks import join, save_joined
 
 pytestmark = pytest.mark.skipif(
     not block_kernel.available(), reason=f"block kernel: {block_kernel.missing()}"
@@ -162,17 +164,29 @@ def test_blocks_are_cached_beside_the_checkpoint_and_read_from_there(
         raise AssertionError("the GGUF was read though its blocks are cached")
 
     cached = use_blocks(model, folder, no_file, tmp_path)
+    assert join(model) == 30 * 2  # from the cache's joint tensors
     fresh_model = KVBoost.from_pretrained("smollm2-135m-instruct", weights="dense").model
     copy = tmp_path / "folder"
     copy.mkdir()
+    (copy / "blocks-0-joined.safetensors").touch()  # an older kernel's: replaced
     with caplog.at_level(logging.WARNING):
         fresh = use_blocks(fresh_model, copy, lambda: source, tmp_path)
-    assert not caplog.records and cache_file(copy).exists()
+    assert not caplog.records and not cache_file(copy).exists()
+    join(fresh_model)
+    save_joined(fresh_model, cache_file(copy))
+    assert [f.name for f in copy.iterdir()] == [cache_file(copy).name]
+    with safe_open(str(cache_file(copy)), framework="pt") as f:
+        keys = {k.rpartition("|")[0] for k in f.keys()}
+    assert "model.layers.0.mlp.gate_proj,model.layers.0.mlp.up_proj" in keys
     assert len(cached) == len(fresh) == 30 * 7 + 1
     ours = dict(fresh_model.named_modules())
+    x = torch.randn(3, 576)
     for name, m in model.named_modules():
         if isinstance(m, BlockLinear):
             assert torch.equal(m.q, ours[name].q) and torch.equal(m.scale, ours[name].scale)
+            assert m.siblings is not None or "o_proj" in name or "down" in name or "head" in name
+            if m.in_features == 576:
+                assert torch.equal(m(x), ours[name](x)), name
 
 
 def test_levels_that_do_not_give_the_loaded_weight_leave_it_dense(
