@@ -15,7 +15,7 @@ state-dict names, every one present; anything else is ``from_pretrained``'s.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,12 @@ class NotConverted(Exception):
     """The folder is not one ``load_converted`` reads as ``from_pretrained`` would."""
 
 
-def load_converted(folder: Path, dtype: torch.dtype, skip: Collection[str] = ()) -> Any:
+def load_converted(
+    folder: Path, dtype: torch.dtype, skip: Callable[[Any], Collection[str]] = lambda m: ()
+) -> Any:
     """The causal LM in ``folder`` (a ``convert_gguf`` folder) in ``dtype`` on the CPU, in
-    eval mode, with its generation config; the tensors named in ``skip`` left unread.
+    eval mode, with its generation config; the tensors ``skip(model)`` names left unread
+    (asked once the folder is known to be the model's: nothing raises after it).
     ``NotConverted`` when the folder's tensors are not exactly the model's."""
     from transformers import AutoConfig, GenerationConfig
 
@@ -44,13 +47,14 @@ def load_converted(folder: Path, dtype: torch.dtype, skip: Collection[str] = ())
     if getattr(model, "_keep_in_fp32_modules", None):
         raise NotConverted("modules kept in float32")
     wanted = _loaded_tensors(model)
-    given = {name for names in files.values() for name in names}
-    if not set(wanted) <= given or not given <= set(wanted) | _tied(model):
+    given = {name: file for file, names in files.items() for name in names}
+    if not set(wanted) <= set(given) or not set(given) <= set(wanted) | _tied(model):
         raise NotConverted("tensors other than the model's")
-    for file, names in files.items():
-        for name in names:
-            if name in wanted and name not in skip:
-                _copy(folder / file, name, wanted[name])
+    for name, target in wanted.items():
+        if _shape(folder / given[name], name) != list(target.shape):
+            raise NotConverted(f"{name}'s shape in the folder is not the model's")
+    unread = set(skip(model))
+    load_tensors(folder, model, [name for name in wanted if name not in unread])
     model.config._name_or_path = str(folder)  # as from_pretrained names it
     if (folder / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(folder)
@@ -82,13 +86,40 @@ def _tied(model: Any) -> set[str]:
     return set(model.state_dict(keep_vars=True)) - set(_loaded_tensors(model))
 
 
-def _copy(file: Path, name: str, target: torch.Tensor) -> None:
+def load_tensors(folder: Path, model: Any, names: Collection[str]) -> None:
+    """``names`` (state-dict names the folder holds) copied from ``folder`` into ``model``'s
+    tensors, cast to their dtype."""
+    tensors = model.state_dict(keep_vars=True)
+    for file, held in _tensor_files(folder).items():
+        for name in held:
+            if name in names:
+                _copy(folder / file, name, tensors[name])
+
+
+def read_rows(folder: Path, name: str, rows: Sequence[int]) -> torch.Tensor | None:
+    """Rows ``rows`` of the tensor ``name`` in ``folder``, as float32; None if it is not
+    there (a tied head)."""
+    from safetensors import safe_open
+
+    file = {n: f for f, names in _tensor_files(folder).items() for n in names}.get(name)
+    if file is None:
+        return None
+    with safe_open(str(folder / file), framework="pt") as f:
+        part = f.get_slice(name)
+        return torch.cat([part[r : r + 1] for r in rows]).float()
+
+
+def _shape(file: Path, name: str) -> list[int]:
     from safetensors import safe_open
 
     with safe_open(str(file), framework="pt") as f:
-        shape = f.get_slice(name).get_shape()
-    if list(shape) != list(target.shape):
-        raise NotConverted(f"{name} is {shape} in the folder, {list(target.shape)} in the model")
+        return list(f.get_slice(name).get_shape())
+
+
+def _copy(file: Path, name: str, target: torch.Tensor) -> None:
+    from safetensors import safe_open
+
+    shape = list(target.shape)
     rows = shape[0] if shape else 1
     step = max(1, SLICE_BYTES // max(1, target.numel() // max(1, rows) * 4))
     with torch.no_grad():

@@ -232,19 +232,20 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     *,
-    unread: Collection[str] | None = None,
+    skip: Callable[[Any], Collection[str]] | None = None,
     **model_kwargs: Any,
 ) -> tuple[Any, Any]:
     """The model and tokenizer of the folder or HF id ``path`` in ``dtype`` on ``device``.
-    ``unread``: for a folder ``convert_gguf`` wrote, the tensors the caller replaces, left
-    unread (``converted.load_converted``, on a CPU with no other loading option); None: any
-    folder, loaded by transformers' ``from_pretrained``."""
+    ``skip``: for a folder ``convert_gguf`` wrote, a function of the built model naming the
+    tensors the caller replaces, left unread (``converted.load_converted``, on a CPU with
+    no other loading option; not called when the folder is not one); None: any folder,
+    loaded by transformers' ``from_pretrained``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    if unread is not None and not model_kwargs and device.type == "cpu":
+    if skip is not None and not model_kwargs and device.type == "cpu":
         try:
-            return load_converted(Path(path), dtype, unread), tokenizer
+            return load_converted(Path(path), dtype, skip), tokenizer
         except NotConverted:
             pass  # a folder of another make: transformers reads it
     with _no_loading_bar():

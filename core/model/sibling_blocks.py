@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.core.model.blocks import PARTS, BlockLinear, save
+from kvboost_rag.core.model.blocks import PARTS, BlockLinear
+from kvboost_rag.core.model.gguf_layers import save
 
 
 class Siblings:

@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from kvboost_rag.core.model import lean_layers
-from kvboost_rag.core.model.blocks import cache_file, cached_names, use_blocks
+from kvboost_rag.core.model.blocks import BlockLinear
+from kvboost_rag.core.model.converted import load_tensors
+from kvboost_rag.core.model.gguf_layers import cache_file, cached_names, use_blocks
 from kvboost_rag.core.model.loading import load_model
 from kvboost_rag.core.model.quantized import quantize
 from kvboost_rag.core.model.sibling_blocks import join, save_joined
@@ -28,25 +30,47 @@ def load_stored(
 ) -> tuple[Any, Any]:
     """The model and tokenizer at ``path`` with their linear layers stored as ``kind``
     (``store_weights``). A folder converted from the GGUF ``gguf()`` (None: another folder)
-    is read tensor by tensor, without the float weights of layers whose blocks are cached."""
-    unread = None if gguf is None else cached_names(Path(path)) if kind == "gguf" else set()
-    model, tokenizer = load_model(path, dtype, device, unread=unread, **model_kwargs)
-    store_weights(model, kind, path, gguf, cache_root)
+    is read tensor by tensor, and on its blocks without the float weights they replace:
+    those the cache names or, before there is a cache, every linear layer's (each layer
+    the GGUF holds in no block format is then read)."""
+    unread: set[str] = set()
+
+    def skip(model: Any) -> set[str]:
+        if kind == "gguf":
+            unread.update(cached_names(Path(path)) or _linear_weights(model))
+        return unread
+
+    model, tokenizer = load_model(
+        path, dtype, device, skip=None if gguf is None else skip, **model_kwargs
+    )
+    store_weights(model, kind, path, gguf, cache_root, frozenset(unread))
     return model, tokenizer
 
 
+def _linear_weights(model: Any) -> set[str]:
+    return {f"{n}.weight" for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+
+
 def store_weights(
-    model: Any, kind: str | None, folder: str | Path, gguf: Any, cache_root: Path
+    model: Any,
+    kind: str | None,
+    folder: str | Path,
+    gguf: Any,
+    cache_root: Path,
+    unread: frozenset[str] = frozenset(),
 ) -> None:
     """``model``'s linear layers stored as ``kind`` (``quantized.weights_for``'s answer):
     a GGUF's blocks (``use_blocks``), siblings that read one input joined (``join``), the
     decoder layers' small operators on our kernel too (``lean_layers``); quantized from
-    float; or left as they are (None)."""
+    float; or left as they are (None). ``unread``: weights the load left unread (blocks
+    are checked against the folder's rows then), read now where no block replaced them."""
     if kind == "gguf":
         assert gguf is not None
         cached = cache_file(Path(folder))
         fresh = not cached.exists()
-        use_blocks(model, Path(folder), gguf, cache_root)
+        use_blocks(model, Path(folder), gguf, cache_root, unread)
+        blocks = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, BlockLinear)}
+        load_tensors(Path(folder), model, unread - blocks)
         join(model)
         if fresh:
             save_joined(model, cached)

@@ -19,9 +19,10 @@ from safetensors import safe_open
 
 from kvboost_rag import KVBoost, KVBoostConfig
 from kvboost_rag.core.model import attention_choice, block_kernel
-from kvboost_rag.core.model.blocks import BlockLinear, cache_file, pack, unpack, use_blocks
+from kvboost_rag.core.model.blocks import BlockLinear, pack, unpack
 from kvboost_rag.core.model.embedded import embedded_available, gguf_path
 from kvboost_rag.core.model.gguf_blocks import Levels, dequantized
+from kvboost_rag.core.model.gguf_layers import cache_file, use_blocks
 from kvboost_rag.core.model.loading import default_cache_root, resolve_model_path
 from kvboost_rag.core.model.quantized import weights_for
 from kvboost_rag.core.model.sibling_blocks import join, save_joined

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from kvboost_rag import KVBoost
-from kvboost_rag.core.model import block_kernel, converted
-from kvboost_rag.core.model.blocks import cached_names
+from kvboost_rag.core.model import block_kernel, converted, gguf_layers
 from kvboost_rag.core.model.converted import NotConverted, load_converted
 from kvboost_rag.core.model.embedded import embedded_available, gguf_path
+from kvboost_rag.core.model.gguf_layers import cache_file, cached_names
 from kvboost_rag.core.model.loading import default_cache_root, load_model, resolve_model_path
 from kvboost_rag.core.model.stored_weights import load_stored, store_weights
 
@@ -77,12 +77,46 @@ def test_weights_whose_blocks_are_cached_are_never_read(
         assert torch.equal(lean(ids).logits, full(ids).logits)
 
 
+@pytest.mark.skipif(not block_kernel.available(), reason="the block kernel does not run here")
+def test_a_first_start_on_blocks_reads_only_the_weights_no_block_replaces(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before there is a cache no linear weight is loaded: each block is checked against the
+    folder's rows, and a layer left dense (here one whose format is taken as unsupported)
+    is read then."""
+    fresh = tmp_path / "fresh"
+    shutil.copytree(folder, fresh, ignore=shutil.ignore_patterns("blocks-*"))
+    dense = "model.layers.3.mlp.up_proj"
+    real_supports = gguf_layers.supports
+    shapes = iter(range(10**6))
+    monkeypatch.setattr(  # the 27th layer read from the GGUF (7 a layer) is layer 3's up_proj
+        gguf_layers, "supports", lambda *a: next(shapes) != 26 and real_supports(*a)
+    )
+    read: list[str] = []
+    real = converted._copy
+    monkeypatch.setattr(converted, "_copy", lambda f, n, t: (read.append(n), real(f, n, t)))
+    source = gguf_path(NAME, default_cache_root())
+    lean, _ = load_stored(
+        str(fresh), torch.float32, torch.device("cpu"), "gguf", lambda: source, tmp_path
+    )
+    linears = {n for n, m in lean.named_modules() if type(m) is torch.nn.Linear}
+    assert linears == {dense} and f"{dense}.weight" in read
+    assert not {n for n in read if n.endswith("proj.weight")} - {f"{dense}.weight"}
+    assert cache_file(fresh).exists()
+    full, _ = load_model(str(folder), torch.float32, torch.device("cpu"))
+    assert torch.equal(lean.get_submodule(dense).weight, full.get_submodule(dense).weight)
+    store_weights(full, "gguf", fresh, lambda: source, tmp_path)  # from the cache just made
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 2]])
+    with torch.inference_mode():
+        assert torch.equal(lean(ids).logits, full(ids).logits)
+
+
 def test_a_folder_of_another_make_is_left_to_transformers(
     tiny_model_dir: str, folder: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(NotConverted, match="index"):  # save_pretrained's single file
         load_converted(Path(tiny_model_dir), torch.float32)
-    model, _ = load_model(tiny_model_dir, torch.float32, torch.device("cpu"), unread=set())
+    model, _ = load_model(tiny_model_dir, torch.float32, torch.device("cpu"), skip=lambda m: ())
     assert model.config._name_or_path == tiny_model_dir
     other = tmp_path / "other"
     shutil.copytree(folder, other, ignore=shutil.ignore_patterns("blocks-*"))
