@@ -1,6 +1,6 @@
 """One measurement of ``benchmarks.weights`` in a process of its own; prints one JSON line.
 
-probe.py engine MODEL KIND | transformers MODEL | convert MODEL | folder MODEL OUT
+probe.py engine MODEL KIND | transformers MODEL | convert MODEL [KIND] | folder MODEL OUT
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch
 def memory() -> dict[str, int]:
     status = Path("/proc/self/status").read_text().splitlines()
     field = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in status if "kB" in line}
-    return {"rss": field["VmRSS"], "peak": field["VmHWM"]}
+    # of the resident set, pages mapped from files (the page cache's: a mapped blocks cache)
+    return {"rss": field["VmRSS"], "peak": field["VmHWM"], "rss_file": field["RssFile"]}
 
 
 def engine(model: str, kind: str) -> dict[str, float]:
@@ -43,14 +44,14 @@ def transformers_start(model: str) -> dict[str, float]:
     return {"start_s": time.perf_counter() - start, **memory()}
 
 
-def convert(model: str) -> dict[str, float]:
+def convert(model: str, kind: str | None = None) -> dict[str, float]:
     from kvboost_rag import KVBoost
     from kvboost_rag.core.model.embedded import gguf_path
     from kvboost_rag.core.model.loading import default_cache_root
 
     gguf = gguf_path(model, default_cache_root())  # joined from its parts: not timed
     start = time.perf_counter()
-    engine = KVBoost.from_pretrained(model)
+    engine = KVBoost.from_pretrained(model, weights=kind)
     seconds = time.perf_counter() - start
     result = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
     return {
@@ -81,7 +82,7 @@ if __name__ == "__main__":
     found = {
         "engine": lambda: engine(model, rest[0]),
         "transformers": lambda: transformers_start(model),
-        "convert": lambda: convert(model),
+        "convert": lambda: convert(model, *rest),
         "folder": lambda: folder(model, rest[0]),
     }[what]()
     print(json.dumps(found))
