@@ -30,6 +30,14 @@ def folder() -> Path:
     return Path(resolve_model_path(NAME))
 
 
+def spy_reads(monkeypatch: pytest.MonkeyPatch, read: list[str]) -> None:
+    """Every tensor read from a folder appended to ``read`` (a large one by slices, the
+    others in batches)."""
+    one, batch = converted._copy, converted._copy_all
+    monkeypatch.setattr(converted, "_copy", lambda f, n, t: (read.append(n), one(f, n, t)))
+    monkeypatch.setattr(converted, "_copy_all", lambda f, ns, t: (read.extend(ns), batch(f, ns, t)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_converted_folder_loads_as_from_pretrained_loads_it(
     folder: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
@@ -57,8 +65,7 @@ def test_weights_whose_blocks_are_cached_are_never_read(
     skipped = cached_names(folder)
     assert len(skipped) == 30 * 7 + 1  # every projection, and the tied head
     read: list[str] = []
-    real = converted._copy
-    monkeypatch.setattr(converted, "_copy", lambda f, n, t: (read.append(n), real(f, n, t)))
+    spy_reads(monkeypatch, read)
     source = gguf_path(NAME, default_cache_root())
     lean, _ = load_stored(
         str(folder),
@@ -93,8 +100,7 @@ def test_a_first_start_on_blocks_reads_only_the_weights_no_block_replaces(
         gguf_layers, "supports", lambda *a: next(shapes) != 26 and real_supports(*a)
     )
     read: list[str] = []
-    real = converted._copy
-    monkeypatch.setattr(converted, "_copy", lambda f, n, t: (read.append(n), real(f, n, t)))
+    spy_reads(monkeypatch, read)
     source = gguf_path(NAME, default_cache_root())
     lean, _ = load_stored(
         str(fresh), torch.float32, torch.device("cpu"), "gguf", lambda: source, tmp_path
