@@ -4,14 +4,14 @@
         [--weights gguf,dense,int8-dynamic,int4] [--out DIR]
 
 Each measurement runs in a process of its own (``probe.py``), so one kind's memory never
-counts in another's: ``KVBoost.from_pretrained(model, weights=...)`` started twice (the
-second start is the one reported: converted checkpoint, packed blocks and measurements on
-disk, as every start after the first), its resident set after the start (VmRSS) and its
-peak (VmHWM); transformers' own ``AutoModelForCausalLM.from_pretrained`` of the same
-converted folder in the same dtype, timed the same way (start-up's yardstick); and the
-conversion of the GGUF into a new cache root (GGUF to folder, then the first start with
-the default weights, and again on the GGUF's blocks), whose peak is set against the
-result's size; and the GGUF converted
+counts in another's: ``KVBoost.from_pretrained(model, weights=...)`` started once, then
+again in a new process (the one reported: converted checkpoint, packed blocks and
+measurements on disk, as every start after the first), its resident set after the start
+and a request (VmRSS, and how much of it is mapped from files) and its peak (VmHWM);
+transformers' own ``AutoModelForCausalLM.from_pretrained`` of the same converted folder in
+the same dtype, timed the same way (start-up's yardstick); the conversion of the GGUF into
+a new cache root (GGUF to folder, then the first start with the default weights, and again
+on the GGUF's blocks), whose peak is set against the result's size; and the GGUF converted
 into a folder alone (``kvboost-rag convert``: tensor by tensor), its peak beside the
 process's resident set before it. Prints the table and writes ``weights-<model>.json``.
 """
@@ -44,7 +44,7 @@ def probe(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def record(model: str, kinds: list[str]) -> dict[str, Any]:
-    rows = {kind: probe("engine", model, kind) for kind in kinds}
+    rows = {kind: (probe("first", model, kind), probe("engine", model, kind))[1] for kind in kinds}
     rows["transformers"] = probe("transformers", model)
     with tempfile.TemporaryDirectory() as root:
         env = {**os.environ, "XDG_CACHE_HOME": root}
