@@ -21,7 +21,7 @@ def memory() -> dict[str, int]:
     return {"rss": field["VmRSS"], "peak": field["VmHWM"], "rss_file": field["RssFile"]}
 
 
-def first(model: str, kind: str) -> dict[str, float]:
+def first(model: str, kind: str) -> dict[str, int]:
     """A start in a process of its own before the measured one: what is cached, cached (in
     the measured process it would stay mapped, and count twice)."""
     from kvboost_rag import KVBoost
