@@ -24,6 +24,10 @@ from kvboost_rag.core.model.quantized import ROW_COUNTS
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernel reads and writes
 PARTS = ("q", "scale", "mins", "units", "high")  # the packed tensors, [out / 16, ...] each
+# Layers that transformers' Llama-family modules (Llama, Qwen2, Gemma 3, SmolLM2, ...) call
+# on one input, by name: a layer with the same input size may read another tensor (the
+# attention's o_proj), so siblings are named, not guessed (``sibling_blocks.py``).
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class BlockLinear(torch.nn.Module):
@@ -145,6 +149,14 @@ def pack(lv: Levels) -> dict[str, torch.Tensor]:
     elif lv.mins is not None:
         out["mins"] = _by_block(lv.mins)
     return out
+
+
+def packed_format(packed: dict[str, torch.Tensor]) -> tuple[Any, ...]:
+    """What packed tensors of one format share, and siblings must share to be joined:
+    inputs, bits, group, zero, and whether there are minimums and units."""
+    _, inputs, zero, bits, group = packed["info"].tolist()
+    has = [p in packed and packed[p].numel() > 0 for p in ("mins", "units")]
+    return (inputs, bits, group, zero, *has)
 
 
 def _by_block(per_row: np.ndarray) -> torch.Tensor:

@@ -2,10 +2,12 @@
 the packed blocks cached beside the converted checkpoint.
 
 The first start reads each linear layer's tensor from the GGUF (``gguf_blocks.levels``),
-checks sampled rows against the loaded weight, or the folder's where the weight was left
-unread, and packs it; ``sibling_blocks.save_joined`` then writes the cache
-(``blocks-<kernel version>-joined.safetensors``) with siblings joined, so a later start maps
-it as it is: no GGUF read, no float weight read, no copy.
+one mapped tensor at a time, checks sampled rows against the loaded weight, or the folder's
+where the weight was left unread, packs it, joins siblings that read one input
+(``SIBLINGS``) and writes the cache (``blocks-<kernel version>-joined.safetensors``); then
+it maps that file as every later start does: no GGUF read, no float weight read, no copy.
+What the first start holds at its peak is the model without its linear weights, their
+packed blocks and one tensor's temporaries.
 """
 
 from __future__ import annotations
@@ -14,15 +16,24 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from kvboost_rag.core.model import block_kernel
-from kvboost_rag.core.model.blocks import PARTS, BlockLinear, measure, pack, supports
+from kvboost_rag.core.model.blocks import (
+    PARTS,
+    SIBLINGS,
+    BlockLinear,
+    measure,
+    pack,
+    packed_format,
+    supports,
+)
 from kvboost_rag.core.model.converted import read_rows
 from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
+from kvboost_rag.core.model.heap import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +62,22 @@ def use_blocks(
     """Replace ``model``'s linear layers whose GGUF tensors are in a block format with
     ``BlockLinear``s (the others stay as they are), from ``folder``'s cache of packed blocks
     (mapped, not copied; siblings as views of their joint tensors) or, the first time, from
-    the GGUF file ``gguf()`` returns (``sibling_blocks.save_joined`` caches them); the new
+    the GGUF file ``gguf()`` returns (then cached, and mapped from there); the new
     layers. A tensor whose levels do not give the loaded weight back (a layout this reader
     does not know; the folder's rows for a weight ``unread``) is left dense, with a
     warning."""
     from safetensors.torch import load_file
 
     cached = cache_file(folder)
-    if cached.exists():
+    packed = None
+    if not cached.exists():
+        unread_in = lambda name: folder if name in unread else None  # noqa: E731
+        packed = _joined(model, _from_gguf(model, Path(gguf()), unread_in))
+        if _saved(packed, cached):
+            packed = None  # mapped from there: the first start holds what a later one does
+            release_freed_memory()
+    if packed is None:
         packed = _split(load_file(cached))
-    else:
-        packed = _from_gguf(model, Path(gguf()), lambda name: folder if name in unread else None)
     named = {n: own for key, entry in packed.items() for n, own in _members(key, entry)}
     text, head = model.config.get_text_config(), _head_name(model)
     if text.tie_word_embeddings and head in named:
@@ -118,23 +134,29 @@ def _from_gguf(
 
     reader = GGUFReader(gguf)
     arch_name = str(reader.fields["general.architecture"].contents())
+    tensors = {
+        t.name: _Tensor(t.tensor_type.name, t.data_offset, t.data.shape, t.data.dtype)
+        for t in reader.tensors
+    }
+    del reader  # its fields (a vocabulary's strings as arrays) take hundreds of MB
     arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
     text = model.config.get_text_config()
     names = get_tensor_name_map(arch, text.num_hidden_layers)
-    tensors = {t.name: t for t in reader.tensors}
     head = _head_name(model)
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    linears.sort(key=lambda pair: pair[0] != head)  # its temporaries while little is held
     packed = {}
-    for name, linear in model.named_modules():
-        if type(linear) is not torch.nn.Linear:
-            continue
+    for name, linear in linears:
         found = names.get_name(name)
         key = f"{found}.weight" if found else None
         if name == head and key not in tensors:
             key = "token_embd.weight"  # a tied head: the file holds the embedding table only
         tensor = tensors.get(key) if key else None
-        if tensor is None or tensor.tensor_type.name not in FORMATS:
+        if tensor is None or tensor.kind not in FORMATS:
             continue
-        lv = levels(np.asarray(tensor.data), tensor.tensor_type.name, linear.in_features)
+        data = np.memmap(gguf, tensor.dtype, "r", tensor.offset, tensor.shape)
+        lv = levels(data, tensor.kind, linear.in_features)
+        del data  # unmapped: the process holds one tensor of the file at a time
         if arch_name == "llama" and found and found.endswith(("attn_q", "attn_k")):
             heads = text.num_attention_heads if found.endswith("q") else text.num_key_value_heads
             lv = _unpermuted(lv, heads)
@@ -147,7 +169,58 @@ def _from_gguf(
             )
             continue
         packed[name] = pack(lv)
+        del lv
+        release_freed_memory(collect=False)  # temporaries between packed tensors
     return packed
+
+
+class _Tensor(NamedTuple):
+    """Where a GGUF tensor's bytes are in the file, and their format."""
+
+    kind: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
+def _joined(model: Any, packed: dict[str, Packed]) -> dict[str, Packed]:
+    """``packed`` with each module's siblings (``SIBLINGS``) of one format as one entry,
+    as the cache holds them: their tensors joined, keyed by their names (``"a,b,c"``) with
+    their ``sizes``; each member's tensors freed as they are joined."""
+    for prefix, _ in model.named_modules():
+        for siblings in SIBLINGS:
+            present = [k for k in (f"{prefix}.{n}" for n in siblings) if k in packed]
+            by_format: dict[tuple[Any, ...], list[str]] = {}
+            for key in present:
+                by_format.setdefault(packed_format(packed[key]), []).append(key)
+            for group in (g for g in by_format.values() if len(g) > 1):
+                members = [packed.pop(key) for key in group]
+                sizes = [int(m["info"][0]) for m in members]
+                parts = [p for p in PARTS if p in members[0]]
+                joint = {p: torch.cat([m.pop(p) for m in members]) for p in parts}
+                info = [sum(sizes), *members[0]["info"].tolist()[1:]]
+                joint["info"] = torch.tensor(info, dtype=torch.int64)
+                joint["sizes"] = torch.tensor(sizes, dtype=torch.int64)
+                packed[",".join(group)] = joint
+                release_freed_memory(collect=False)  # the members' tensors, freed
+    return packed
+
+
+def _saved(packed: dict[str, Packed], target: Path) -> bool:
+    """Whether ``packed`` could be cached at ``target`` (written, every other cache file of
+    that folder, an older kernel's, removed); a folder that cannot be written to keeps no
+    cache, with a warning, and the blocks stay in memory."""
+    if not packed:
+        return False
+    try:
+        save(packed, target)
+    except OSError as e:
+        log.warning("the packed blocks could not be cached in %s (%s)", target.parent, e)
+        return False
+    for old in target.parent.glob("blocks-*.safetensors"):
+        if old != target:
+            old.unlink(missing_ok=True)
+    return True
 
 
 def _unpermuted(lv: Levels, heads: int) -> Levels:

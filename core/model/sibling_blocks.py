@@ -18,13 +18,11 @@ product computed for its own input.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvboost_rag.core.model.blocks import PARTS, BlockLinear
-from kvboost_rag.core.model.gguf_layers import save
+from kvboost_rag.core.model.blocks import PARTS, SIBLINGS, BlockLinear, packed_format
 
 
 class Siblings:
@@ -79,12 +77,6 @@ class Siblings:
         return copy
 
 
-# Layers that transformers' Llama-family modules (Llama, Qwen2, Gemma 3, SmolLM2, ...) call
-# on one input, by name: a layer with the same input size may read another tensor (the
-# attention's o_proj), so siblings are named, not guessed.
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
 def join(model: Any) -> int:
     """Join each module's named siblings (``SIBLINGS``) that are block layers of one format;
     how many groups were joined."""
@@ -104,38 +96,4 @@ def join(model: Any) -> int:
 
 
 def _format(layer: BlockLinear) -> tuple[Any, ...]:
-    has = (layer.mins.numel() > 0, layer.units.numel() > 0)
-    return (layer.in_features, layer.bits, layer.group, layer.zero, *has)
-
-
-def save_joined(model: Any, target: Path) -> None:
-    """``model``'s block layers cached at ``target`` as they are now: a joined group as its
-    joint tensors under its siblings' names (``"a,b,c|q"``, with their ``sizes``), which a
-    start maps and uses as they are (``blocks.use_blocks``); every other cache file of that
-    folder (an older kernel's) removed."""
-    entries: dict[str, dict[str, torch.Tensor]] = {}
-    groups: dict[int, dict[int, str]] = {}
-    joints: dict[int, Siblings] = {}
-    for name, layer in model.named_modules():
-        if not isinstance(layer, BlockLinear):
-            continue
-        if layer.siblings is None:
-            entries[name] = _parts(layer)
-        else:
-            groups.setdefault(id(layer.siblings), {})[layer.sibling] = name
-            joints[id(layer.siblings)] = layer.siblings
-    for key, names in groups.items():
-        siblings = joints[key]
-        entries[",".join(names[i] for i in sorted(names))] = _parts(siblings.whole) | {
-            "sizes": torch.tensor(siblings.sizes, dtype=torch.int64)
-        }
-    if entries:
-        save(entries, target)
-        for old in target.parent.glob("blocks-*.safetensors"):
-            if old != target:
-                old.unlink(missing_ok=True)
-
-
-def _parts(layer: BlockLinear) -> dict[str, torch.Tensor]:
-    own = {p: getattr(layer, p) for p in PARTS if getattr(layer, p).numel()}
-    return own | {"info": layer.info}
+    return packed_format({p: getattr(layer, p) for p in PARTS} | {"info": layer.info})

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +10,11 @@ import torch
 from kvboost_rag.core.model import lean_layers
 from kvboost_rag.core.model.blocks import BlockLinear
 from kvboost_rag.core.model.converted import load_tensors
-from kvboost_rag.core.model.gguf_layers import cache_file, cached_names, use_blocks
+from kvboost_rag.core.model.gguf_layers import cached_names, use_blocks
+from kvboost_rag.core.model.heap import release_freed_memory
 from kvboost_rag.core.model.loading import load_model
 from kvboost_rag.core.model.quantized import quantize
-from kvboost_rag.core.model.sibling_blocks import join, save_joined
+from kvboost_rag.core.model.sibling_blocks import join
 
 
 def load_stored(
@@ -66,27 +64,11 @@ def store_weights(
     are checked against the folder's rows then), read now where no block replaced them."""
     if kind == "gguf":
         assert gguf is not None
-        cached = cache_file(Path(folder))
-        fresh = not cached.exists()
         use_blocks(model, Path(folder), gguf, cache_root, unread)
         blocks = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, BlockLinear)}
         load_tensors(Path(folder), model, unread - blocks)
         join(model)
-        if fresh:
-            save_joined(model, cached)
         lean_layers.install(model)
     elif kind is not None:
         quantize(model, kind)
     release_freed_memory()
-
-
-def release_freed_memory() -> None:
-    """Give what loading freed (float weights replaced, fp32 copies cast) back to the
-    system: glibc keeps freed heap mapped, so a 0.5B on its blocks stayed ~0.7 GB larger
-    than what it holds. A no-op off glibc."""
-    gc.collect()
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)

@@ -18,14 +18,14 @@ import torch
 from safetensors import safe_open
 
 from kvboost_rag import KVBoost, KVBoostConfig
-from kvboost_rag.core.model import attention_choice, block_kernel
+from kvboost_rag.core.model import attention_choice, block_kernel, gguf_layers
 from kvboost_rag.core.model.blocks import BlockLinear, pack, unpack
 from kvboost_rag.core.model.embedded import embedded_available, gguf_path
 from kvboost_rag.core.model.gguf_blocks import Levels, dequantized
 from kvboost_rag.core.model.gguf_layers import cache_file, use_blocks
 from kvboost_rag.core.model.loading import default_cache_root, resolve_model_path
 from kvboost_rag.core.model.quantized import weights_for
-from kvboost_rag.core.model.sibling_blocks import join, save_joined
+from kvboost_rag.core.model.sibling_blocks import join
 
 pytestmark = pytest.mark.skipif(
     not block_kernel.available(), reason=f"block kernel: {block_kernel.missing()}"
@@ -172,10 +172,9 @@ def test_blocks_are_cached_beside_the_checkpoint_and_read_from_there(
     (copy / "blocks-0-joined.safetensors").touch()  # an older kernel's: replaced
     with caplog.at_level(logging.WARNING):
         fresh = use_blocks(fresh_model, copy, lambda: source, tmp_path)
-    assert not caplog.records and not cache_file(copy).exists()
-    join(fresh_model)
-    save_joined(fresh_model, cache_file(copy))
+    assert not caplog.records  # written, the older one removed, and mapped from there
     assert [f.name for f in copy.iterdir()] == [cache_file(copy).name]
+    assert join(fresh_model) == 30 * 2  # the cache's joint tensors, as a later start's
     with safe_open(str(cache_file(copy)), framework="pt") as f:
         keys = {k.rpartition("|")[0] for k in f.keys()}
     assert "model.layers.0.mlp.gate_proj,model.layers.0.mlp.up_proj" in keys
@@ -188,6 +187,28 @@ def test_blocks_are_cached_beside_the_checkpoint_and_read_from_there(
             assert m.siblings is not None or "o_proj" in name or "down" in name or "head" in name
             if m.in_features == 576:
                 assert torch.equal(m(x), ours[name](x)), name
+
+
+def test_blocks_stay_in_memory_where_the_folder_cannot_hold_their_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    smollm2_or_skip()
+    model = KVBoost.from_pretrained("smollm2-135m-instruct", weights="dense").model
+    x = torch.randn(2, 576, dtype=model.dtype)
+    expected = model.model.layers[0].mlp.up_proj(x).float()
+
+    def unwritable(packed: object, target: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(gguf_layers, "save", unwritable)
+    file = gguf_path("smollm2-135m-instruct", default_cache_root())
+    with caplog.at_level(logging.WARNING):
+        layers = use_blocks(model, tmp_path, lambda: file, tmp_path)
+    assert len(layers) == 30 * 7 + 1 and not any(tmp_path.glob("blocks-*"))
+    assert "could not be cached" in caplog.text and "Permission denied" in caplog.text
+    joint = model.model.layers[0].mlp.up_proj  # joined with gate_proj in memory
+    assert join(model) == 30 * 2 and joint.siblings is not None
+    assert torch.allclose(joint(x).float(), expected, atol=0.05 * expected.abs().max().item())
 
 
 def test_levels_that_do_not_give_the_loaded_weight_leave_it_dense(

@@ -96,8 +96,8 @@ def test_a_first_start_on_blocks_reads_only_the_weights_no_block_replaces(
     dense = "model.layers.3.mlp.up_proj"
     real_supports = gguf_layers.supports
     shapes = iter(range(10**6))
-    monkeypatch.setattr(  # the 27th layer read from the GGUF (7 a layer) is layer 3's up_proj
-        gguf_layers, "supports", lambda *a: next(shapes) != 26 and real_supports(*a)
+    monkeypatch.setattr(  # the head read first, then 7 a layer: the 28th is layer 3's up_proj
+        gguf_layers, "supports", lambda *a: next(shapes) != 27 and real_supports(*a)
     )
     read: list[str] = []
     spy_reads(monkeypatch, read)
