@@ -5,7 +5,8 @@ and holds the whole model in float32 before it builds it (a 7B's 28 GB, more tha
 machines have). ``convert_gguf`` writes an ordinary model folder instead (fp32 safetensors:
 the GGUF's values exactly, whatever dtype the model then computes in), tensor by tensor
 through transformers' own per-architecture processing (``hf_compat.gguf_tensors``), in
-shards of ``SHARD_BYTES``, so memory holds one shard and one tensor at a time; atomically,
+shards of ``SHARD_BYTES``, so memory holds one shard and one tensor at a time (a large
+tensor transformers leaves as it is, one slice of it: ``hf_compat.Streamed``); atomically,
 once; later loads read that folder in seconds. ``converted_folder`` keeps one such folder
 per GGUF file in the cache root.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -26,6 +28,7 @@ import torch
 
 from kvboost_rag.core.errors import UnknownModelError
 from kvboost_rag.core.model import hf_compat
+from kvboost_rag.core.model.heap import release_freed_memory
 
 GGUF_MAGIC = b"GGUF"
 SHARD_BYTES = 512 * 2**20  # float32 bytes a shard of the converted folder holds at most
@@ -80,6 +83,7 @@ def convert_gguf(
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:
         _write(source, tmp, chat_template, stop_tokens)
+        release_freed_memory()  # the dequantized tensors' heap: a start follows
         tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared like any other
         try:
             os.rename(tmp, target)  # atomic; a concurrent converter may have won the race
@@ -138,6 +142,7 @@ def _write(
     config.dtype = torch.float32
     with torch.device("meta"):  # names and shapes only: no weight is allocated
         skeleton = AutoModelForCausalLM.from_config(config)
+    tied = _tied_names(skeleton)
     shards: list[list[str]] = []  # the names each shard holds, in order
     shard: dict[str, torch.Tensor] = {}
     size = total = 0
@@ -149,6 +154,15 @@ def _write(
         shard, size = {}, 0
 
     for name, weights in hf_compat.gguf_tensors(str(source), skeleton):
+        if name in tied:
+            continue  # one weight under two names (a tied head): written once, as
+            # save_pretrained writes it, and tied again on loading
+        if isinstance(weights, hf_compat.Streamed):  # a shard of its own, a slice at a time
+            if shard:
+                flush()
+            shards.append([name])
+            total += _write_streamed(folder / f"shard-{len(shards)}.safetensors", name, weights)
+            continue
         array = np.ascontiguousarray(weights, dtype=np.float32)
         # float32 tensors come as read-only views of the file: copied, not aliased
         tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
@@ -169,3 +183,36 @@ def _write(
     generation = GenerationConfig.from_model_config(config)
     generation.eos_token_id = stop_ids(tokenizer, stop_tokens)
     generation.save_pretrained(folder)
+
+
+def _tied_names(model: Any) -> set[str]:
+    """The names of ``model``'s parameters that are another's, tied (a head tied to the
+    embedding table: the later of each pair in ``named_parameters``' order)."""
+    seen: set[int] = set()
+    tied = set()
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in seen:
+            tied.add(name)
+        seen.add(id(parameter))
+    return tied
+
+
+def _write_streamed(file: Path, name: str, tensor: hf_compat.Streamed) -> int:
+    """``tensor`` written to ``file`` as a safetensors file of it alone (float32), its
+    slices as they are dequantized, so the whole tensor is never held; the bytes written.
+    The header is the format's: its length (8 bytes, little-endian), then JSON padded with
+    spaces to a multiple of 8, then the data."""
+    nbytes = 4 * math.prod(tensor.shape)
+    entry = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [0, nbytes]}
+    header = json.dumps({"__metadata__": {"format": "pt"}, name: entry}).encode()
+    header += b" " * (-len(header) % 8)
+    written = 0
+    with open(file, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        for part in tensor.slices():
+            data = np.ascontiguousarray(part, dtype=np.float32)
+            f.write(data.data.cast("B"))  # its buffer, not a copy
+            written += data.nbytes
+    if written != nbytes:
+        raise RuntimeError(f"{name}: {written} bytes dequantized, {nbytes} expected")
+    return nbytes

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import transformers
 from packaging.version import Version
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import get_layer_types_and_kwargs
+
+from kvboost_rag.core.model.heap import release_freed_memory
 
 # transformers releases whose private generate helpers this module was tested with:
 # [low, high). Keep in step with the pin in pyproject.toml.
@@ -110,12 +112,22 @@ def empty_model(config: Any, dtype: torch.dtype) -> Any:
     return model
 
 
+class Streamed(NamedTuple):
+    """A tensor too large to hold whole in float32 that transformers' processing passes as
+    it is: ``shape``, and ``slices()`` dequantizing a slice of its rows at a time."""
+
+    shape: tuple[int, ...]
+    slices: Callable[[], Iterator[Any]]
+
+
 def gguf_tensors(path: str, model: Any) -> Iterator[tuple[str, Any]]:
     """The tensors of the GGUF file ``path`` one at a time, dequantized to float32 numpy
     arrays under ``model``'s state-dict names (``model`` may sit on the meta device), each
     as transformers' GGUF loader makes it (its per-architecture processors: Llama's q/k
     rows put back in order, norms shifted, experts split). The loader itself keeps every
-    tensor until the last is read (a 7B's 28 GB); this yields them as it goes."""
+    tensor until the last is read (a 7B's 28 GB); this yields them as it goes, and a tensor
+    over ``STREAMED_BYTES`` that the processor leaves as it is (an embedding table: 933 MB
+    in float32 at Qwen2.5-Coder-1.5B) as a ``Streamed`` one."""
     from gguf import GGUFReader, dequantize
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
@@ -125,23 +137,57 @@ def gguf_tensors(path: str, model: Any) -> Iterator[tuple[str, Any]]:
     )
 
     parsed = load_gguf_checkpoint(path, return_tensors=False)
+    for unused in ("tokenizer", "tokenizer_config"):  # a vocabulary's strings: not needed here
+        parsed.pop(unused, None)
     reader = GGUFReader(path)
     architecture = str(reader.fields["general.architecture"].contents())
+    tensors = list(reader.tensors)
+    del reader  # its fields (the vocabulary again, as arrays) take hundreds of MB
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
     mapping = get_gguf_hf_weights_map(model, processor)
     parsed["tensors"] = {}
-    for tensor in reader.tensors:
-        weights = _dequantized(tensor, dequantize)
-        result = processor.process(
-            weights=weights, name=tensor.name, tensor_key_mapping=mapping, parsed_parameters=parsed
+
+    def process(weights: Any, name: str) -> Any:
+        return processor.process(
+            weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters=parsed
         )
+
+    for tensor in tensors:
+        streamed = tensor.name in mapping and _streamed(tensor, process, parsed, dequantize)
+        if streamed:
+            yield mapping[tensor.name], streamed
+            continue
+        weights = _dequantized(tensor, dequantize)
+        result = process(weights, tensor.name)
         yield from parsed["tensors"].items()  # what a processor placed itself (experts)
         parsed["tensors"].clear()
         if result.weights is not None and result.name in mapping:
             yield mapping[result.name], result.weights
 
 
-DEQUANTIZED_BYTES = 64 * 2**20  # float32 bytes dequantized at once: gguf-py's temporaries
+DEQUANTIZED_BYTES = 16 * 2**20  # float32 bytes dequantized at once: gguf-py's temporaries
+STREAMED_BYTES = 4 * DEQUANTIZED_BYTES  # a larger tensor is streamed where it can be
+
+
+def _streamed(
+    tensor: Any, process: Callable[[Any, str], Any], parsed: dict[str, Any], dequantize: Any
+) -> Streamed | None:
+    """``tensor`` as a ``Streamed`` one where it is over ``STREAMED_BYTES`` and ``process``
+    gives it back as it is under its own name (tried on its first rows: the same array, the
+    same values, nothing placed apart); else None."""
+    data = tensor.data
+    if data.ndim < 2 or data.shape[0] < 2 or int(tensor.n_elements) * 4 <= STREAMED_BYTES:
+        return None
+    probe = dequantize(data[:2], tensor.tensor_type)
+    before = probe.copy()
+    result = process(probe, tensor.name)
+    apart = bool(parsed["tensors"])
+    parsed["tensors"].clear()
+    same = result.weights is probe and bool((probe == before).all())
+    if not same or result.name != tensor.name or apart:
+        return None
+    shape = (int(data.shape[0]), *map(int, probe.shape[1:]))
+    return Streamed(shape, lambda: _slices(tensor, dequantize))
 
 
 def _dequantized(tensor: Any, dequantize: Callable[..., Any]) -> Any:
@@ -153,9 +199,22 @@ def _dequantized(tensor: Any, dequantize: Callable[..., Any]) -> Any:
     data, kind = tensor.data, tensor.tensor_type
     if data.ndim < 2 or data.shape[0] < 2:
         return dequantize(data, kind)
+    out = None
+    start = 0
+    for part in _slices(tensor, dequantize):
+        if out is None:
+            out = np.empty((data.shape[0], *part.shape[1:]), dtype=np.float32)
+        out[start : start + len(part)] = part
+        start += len(part)
+    return out
+
+
+def _slices(tensor: Any, dequantize: Callable[..., Any]) -> Iterator[Any]:
+    """``tensor``'s rows dequantized to float32, ``DEQUANTIZED_BYTES`` at a time, what
+    each slice's temporaries took given back as it goes."""
+    data, kind = tensor.data, tensor.tensor_type
     first = dequantize(data[:1], kind)
     step = max(1, DEQUANTIZED_BYTES // max(1, first.nbytes))
-    out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
     for start in range(0, data.shape[0], step):
-        out[start : start + step] = dequantize(data[start : start + step], kind)
-    return out
+        yield dequantize(data[start : start + step], kind)
+        release_freed_memory(collect=False)

@@ -65,8 +65,9 @@ def test_a_streamed_conversion_holds_what_transformers_loads(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tensor by tensor, in shards (``SHARD_BYTES`` made small here so there are several),
-    the converted folder holds exactly the float32 weights transformers' own GGUF loader
-    gives (Llama's q/k rows reordered, Gemma's norms shifted), and the stop tokens."""
+    the embedding table a slice at a time, the converted folder holds exactly the float32
+    weights transformers' own GGUF loader gives (Llama's q/k rows reordered, Gemma's norms
+    shifted), and the stop tokens."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from kvboost_rag.core.model import gguf
@@ -75,7 +76,16 @@ def test_a_streamed_conversion_holds_what_transformers_loads(
         pytest.skip(f"{name}'s package is not installed")
     file = embedded.gguf_path(name, tmp_path / "cache")
     monkeypatch.setattr(gguf, "SHARD_BYTES", 64 * 2**20)
+    streamed: list[str] = []
+    write_streamed = gguf._write_streamed
+
+    def spy(file: Path, name: str, tensor: object) -> int:
+        streamed.append(name)
+        return write_streamed(file, name, tensor)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf, "_write_streamed", spy)
     folder = convert_gguf(file, tmp_path / "out")
+    assert streamed == ["model.embed_tokens.weight"]  # a slice at a time; the tied head not
     theirs = AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, dtype=torch.float32
     )
