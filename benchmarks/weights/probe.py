@@ -71,6 +71,7 @@ def convert(model: str, kind: str | None = None) -> dict[str, float]:
     from kvboost_rag.core.model.loading import default_cache_root
 
     gguf = gguf_path(model, default_cache_root())  # joined from its parts: not timed
+    before = memory()["rss"]
     start = time.perf_counter()
     engine = KVBoost.from_pretrained(model, weights=kind)
     seconds = time.perf_counter() - start
@@ -79,6 +80,7 @@ def convert(model: str, kind: str | None = None) -> dict[str, float]:
         "seconds": seconds,
         "gguf_bytes": gguf.stat().st_size,
         "result_bytes": result,
+        "start_rss": before,
         **memory(),
     }
 

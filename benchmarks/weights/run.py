@@ -11,7 +11,9 @@ and a request (VmRSS, and how much of it is mapped from files) and its peak (VmH
 transformers' own ``AutoModelForCausalLM.from_pretrained`` of the same converted folder in
 the same dtype, timed the same way (start-up's yardstick); the conversion of the GGUF into
 a new cache root (GGUF to folder, then the first start with the default weights, and again
-on the GGUF's blocks), whose peak is set against the result's size; and the GGUF converted
+on the GGUF's blocks), whose peak is set against the result's size (its state dict) and
+the resident set the start leaves (the result as the process holds it: packed copies,
+mapped caches, the libraries); and the GGUF converted
 into a folder alone (``kvboost-rag convert``: tensor by tensor), its peak beside the
 process's resident set before it. Prints the table and writes ``weights-<model>.json``.
 """
@@ -82,7 +84,10 @@ def table(report: dict[str, Any]) -> str:
         lines.append(
             f"conversion (GGUF -> folder -> {what} start, a new cache root): "
             f"{c['seconds']:.0f} s, peak {c['peak'] / GIB:.2f} GiB against a result of "
-            f"{c['result_bytes'] / GIB:.2f} GiB ({c['peak'] / c['result_bytes']:.2f}x)"
+            f"{c['result_bytes'] / GIB:.2f} GiB ({c['peak'] / c['result_bytes']:.2f}x) and "
+            f"the resident set it leaves, {c['rss'] / GIB:.2f} GiB "
+            f"({c['peak'] / c['rss']:.2f}x); the process before it held "
+            f"{c.get('start_rss', 0) / GIB:.2f} GiB"
         )
     f = report["folder"]
     lines.append(
