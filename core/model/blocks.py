@@ -24,10 +24,6 @@ from kvboost_rag.core.model.quantized import ROW_COUNTS
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernel reads and writes
 PARTS = ("q", "scale", "mins", "units", "high")  # the packed tensors, [out / 16, ...] each
-# Layers that transformers' Llama-family modules (Llama, Qwen2, Gemma 3, SmolLM2, ...) call
-# on one input, by name: a layer with the same input size may read another tensor (the
-# attention's o_proj), so siblings are named, not guessed (``sibling_blocks.py``).
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class BlockLinear(torch.nn.Module):

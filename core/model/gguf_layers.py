@@ -24,7 +24,6 @@ import torch
 from kvboost_rag.core.model import block_kernel
 from kvboost_rag.core.model.blocks import (
     PARTS,
-    SIBLINGS,
     BlockLinear,
     measure,
     pack,
@@ -34,6 +33,7 @@ from kvboost_rag.core.model.blocks import (
 from kvboost_rag.core.model.converted import read_rows
 from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
 from kvboost_rag.core.model.heap import release_freed_memory
+from kvboost_rag.core.model.linears import SIBLINGS
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.core.model.blocks import PARTS, SIBLINGS, BlockLinear, packed_format
+from kvboost_rag.core.model.blocks import PARTS, BlockLinear, packed_format
+from kvboost_rag.core.model.linears import SIBLINGS
 
 
 class Siblings:
