@@ -109,8 +109,10 @@ class DiskStore:
         if found is None or (tokens is not None and found[0].tokens != tokens):
             return self._count(None)
         _touch(path)
-        with self._lock:
-            self._index.used(path, found[1])
+        with self._lock:  # our evictions unlink under this lock: the check below holds
+            if path in self._index or path.exists():  # not one evicted while it was read
+                self._index.used(path, found[1])
+                self._enforce_budget()  # a file another process wrote counts from now
         return self._count(found[0])
 
     def get_many(self, items: Sequence[tuple[bytes, tuple[int, ...] | None]]) -> list[Entry | None]:

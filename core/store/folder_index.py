@@ -20,6 +20,9 @@ class FolderIndex:
     def __len__(self) -> int:
         return len(self._sizes)
 
+    def __contains__(self, path: Path) -> bool:
+        return path in self._sizes
+
     def scan(self) -> None:
         """Rebuild from the folder, ordered by mtime (reads touch it, so it is LRU order)."""
         found: list[tuple[float, Path, int]] = []

@@ -117,6 +117,34 @@ def test_second_store_on_the_folder_sees_the_first_ones_files(tmp_path: Path) ->
     assert keys[0] not in second and all(key in second for key in keys[1:])
 
 
+def test_a_file_evicted_while_it_is_read_is_not_counted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that loses its file to another thread's eviction serves what it read and
+    leaves the budget's count alone (it counted that file again, above the budget, in a
+    mixed workload of CI's); a file another process wrote counts once read."""
+    from kvboost_rag.core.store import disk
+
+    store = DiskStore(tmp_path, b"model-a", 10**9)
+    store.put(KEY, (1, 2, 3, 4, 5), kv())
+    touch = disk._touch
+
+    def evicted_meanwhile(path: Path) -> None:
+        with store._lock:  # as _enforce_budget evicts, on another thread
+            store._index.removed(path)
+            path.unlink()
+        touch(path)
+
+    monkeypatch.setattr(disk, "_touch", evicted_meanwhile)
+    assert store.get(KEY, (1, 2, 3, 4, 5)) is not None
+    assert (store.stats().entries, store.stats().bytes) == (0, 0) == (0, _folder_bytes(store))
+    monkeypatch.setattr(disk, "_touch", touch)
+    other = DiskStore(tmp_path, b"model-a", 10**9)
+    other.put(KEY, (1, 2, 3, 4, 5), kv())  # another process's file, unknown to store
+    assert store.get(KEY, (1, 2, 3, 4, 5)) is not None
+    assert store.stats().bytes == _folder_bytes(store) > 0
+
+
 def test_files_removed_by_another_process_are_tolerated(tmp_path: Path) -> None:
     store = DiskStore(tmp_path, b"model-a", 10**9)
     keys = [digest(bytes([i])) for i in range(6)]
