@@ -49,12 +49,9 @@ from kvboost_rag.core.warming import Warmer
 
 
 class KVBoost:
-    """A model, its tokenizer and KV caches that make repeated context cheap.
-
-    Safe to share between threads: every request runs on the model's executor (one per
-    model object, shared by the engines wrapping it), which decodes concurrent requests
-    together; each answer equals what the request gives alone.
-    """
+    """A model, its tokenizer and KV caches. Safe to share between threads: every request
+    runs on the model's executor (one per model object, shared by the engines wrapping it),
+    which decodes concurrent requests together; each answer equals what it gives alone."""
 
     def __init__(self, model: Any, tokenizer: Any, config: KVBoostConfig | None = None) -> None:
         self.model = model

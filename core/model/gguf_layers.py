@@ -71,7 +71,10 @@ def use_blocks(
     cached = cache_file(folder)
     packed = None
     if not cached.exists():
-        unread_in = lambda name: folder if name in unread else None  # noqa: E731
+
+        def unread_in(name: str) -> Path | None:
+            return folder if name in unread else None
+
         packed = _joined(model, _from_gguf(model, Path(gguf()), unread_in))
         if _saved(packed, cached):
             packed = None  # mapped from there: the first start holds what a later one does

@@ -126,7 +126,7 @@ def gguf_tensors(path: str, model: Any) -> Iterator[tuple[str, Any]]:
     as transformers' GGUF loader makes it (its per-architecture processors: Llama's q/k
     rows put back in order, norms shifted, experts split). The loader itself keeps every
     tensor until the last is read (a 7B's 28 GB); this yields them as it goes, and a tensor
-    over ``STREAMED_BYTES`` that the processor leaves as it is (an embedding table: 933 MB
+    over ``STREAM_ABOVE_BYTES`` that the processor leaves as it is (an embedding table: 933 MB
     in float32 at Qwen2.5-Coder-1.5B) as a ``Streamed`` one."""
     from gguf import GGUFReader, dequantize
     from transformers.modeling_gguf_pytorch_utils import (
@@ -166,17 +166,17 @@ def gguf_tensors(path: str, model: Any) -> Iterator[tuple[str, Any]]:
 
 
 DEQUANTIZED_BYTES = 16 * 2**20  # float32 bytes dequantized at once: gguf-py's temporaries
-STREAMED_BYTES = 4 * DEQUANTIZED_BYTES  # a larger tensor is streamed where it can be
+STREAM_ABOVE_BYTES = 4 * DEQUANTIZED_BYTES  # a larger tensor is streamed where it can be
 
 
 def _streamed(
     tensor: Any, process: Callable[[Any, str], Any], parsed: dict[str, Any], dequantize: Any
 ) -> Streamed | None:
-    """``tensor`` as a ``Streamed`` one where it is over ``STREAMED_BYTES`` and ``process``
+    """``tensor`` as a ``Streamed`` one where it is over ``STREAM_ABOVE_BYTES`` and ``process``
     gives it back as it is under its own name (tried on its first rows: the same array, the
     same values, nothing placed apart); else None."""
     data = tensor.data
-    if data.ndim < 2 or data.shape[0] < 2 or int(tensor.n_elements) * 4 <= STREAMED_BYTES:
+    if data.ndim < 2 or data.shape[0] < 2 or int(tensor.n_elements) * 4 <= STREAM_ABOVE_BYTES:
         return None
     probe = dequantize(data[:2], tensor.tensor_type)
     before = probe.copy()

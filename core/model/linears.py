@@ -79,10 +79,8 @@ def _quarter_of_memory() -> int:
 # (``python -m benchmarks.decode.step --parts linears``, 2-core Xeon, one run), so the limit moved.
 PACKED_BYTES = _quarter_of_memory()
 
-# Sibling projections: each decoder module's children of these names, applied to one input
-# in one forward (Llama's attention and MLP, and the models that name them alike: Qwen2,
-# Gemma 3, SmolLM2). Named, not guessed: a layer of the same input size may read another
-# tensor (the attention's o_proj). Packed dense siblings and GGUF blocks join the same.
+# Sibling projections, named (o_proj has the same input size but reads another tensor):
+# one input each in Llama-family layers; dense packing and GGUF blocks join the same.
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
