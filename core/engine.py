@@ -32,8 +32,8 @@ from kvboost_rag.core.model.loading import (
     gguf_source,
     resolve_model_path,
 )
-from kvboost_rag.core.model.quantized import check_weights, weights_for
-from kvboost_rag.core.model.stored_weights import load_stored
+from kvboost_rag.core.model.quantized import check_weights
+from kvboost_rag.core.model.stored_weights import kind_of, load_stored
 from kvboost_rag.core.prompt.chunker import TokenizedPrompt
 from kvboost_rag.core.prompt.prompts import Message, PromptEncoder
 from kvboost_rag.core.requests import Requests
@@ -121,11 +121,11 @@ class KVBoost:
 
         ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (None: bf16 where the
         hardware computes it, else fp32). ``device``: e.g. "cpu", "cuda" (None: CUDA when
-        available). ``weights``: how the linear layers' weights are stored: None or "dense", the
+        available). ``weights``: how the linear layers' weights are stored: "dense", the
         checkpoint's float weights; "gguf", a GGUF's (or an alias's) own 4- or 8-bit blocks on
-        a CPU that runs their kernel (``model/blocks.py``); "int8", "int4" or "int8-dynamic"
-        quantize float weights (CPU only; "int8-dynamic" quantizes each input row to int8
-        too: ``model/quantized.py``).
+        a CPU that runs their kernel (``model/blocks.py``); None, the file decides (a GGUF in
+        formats measured to keep answers: its blocks, ``quantized.weights_for``); "int8",
+        "int4", "int8-dynamic" quantize float weights (CPU only; ``model/quantized.py``).
         ``config``: how the engine caches (``KVBoostConfig``). Other keyword arguments go to
         transformers' ``from_pretrained`` (``device_map``, ``attn_implementation``, ...).
         Every argument is checked before anything loads: ``UnknownModelError`` for a model
@@ -139,7 +139,7 @@ class KVBoost:
         gguf_file = model_kwargs.pop("gguf_file", None)
         path = resolve_model_path(model, gguf_file=gguf_file)
         source = gguf_source(model, gguf_file=gguf_file)
-        kind = weights_for(checked, source is not None)
+        kind = kind_of(checked, path, source, dev, chosen, model_kwargs)
         hf_model, tokenizer = load_stored(
             path, chosen, dev, kind, source, default_cache_root(), **model_kwargs
         )

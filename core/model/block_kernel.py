@@ -10,8 +10,8 @@ row, 2.8x a bf16 product at 512 rows; ``_dyn_quant_matmul_4bit`` is a reference 
 Arm; torchao's CPU layouts dequantize; IPEX has no build for this torch), so this module
 holds the one kernel of our own, tested against the dequantized product
 (``tests/model/test_blocks.py``). It needs AVX512 with VNNI (Xeon since Cascade Lake, AMD
-since Zen 4) and a C compiler; ``available()`` says why not where it cannot run, and the
-engine then keeps the checkpoint's float weights.
+since Zen 4) and a C compiler; ``available()`` says why not where it cannot run, and a
+GGUF's default then is its dequantized float weights (``quantized.weights_for``).
 """
 
 from __future__ import annotations

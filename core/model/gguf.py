@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,12 @@ import torch
 
 from kvboost_rag.core.errors import UnknownModelError
 from kvboost_rag.core.model import hf_compat
+from kvboost_rag.core.model.gguf_header import formats, read_header
 from kvboost_rag.core.model.heap import release_freed_memory
 
 GGUF_MAGIC = b"GGUF"
 SHARD_BYTES = 512 * 2**20  # float32 bytes a shard of the converted folder holds at most
+FORMATS_FILE = "gguf-formats.json"  # the source file's parameters per format
 
 # Tokens that end a turn in the chat formats of the families GGUF files carry, besides the
 # file's own EOS: llama.cpp treats the same texts as end of generation when they are in
@@ -93,6 +95,30 @@ def convert_gguf(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def source_formats(folder: Path, source: Callable[[], Path]) -> dict[str, int]:
+    """Parameters per format (gguf-py's names: "Q4_K", "F32", ...) of the GGUF file
+    ``folder`` was converted from: as the conversion recorded them (``FORMATS_FILE``), or
+    for a folder converted before it did, read from the file's header (``source()``) and
+    recorded where the folder can be written."""
+    record = folder / FORMATS_FILE
+    try:
+        return dict(json.loads(record.read_text())["formats"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = formats(read_header(source()).tensors)
+    try:
+        _record(folder, found)
+    except OSError:
+        pass  # a folder the user may not write: read from the file each start (~50 ms)
+    return found
+
+
+def _record(folder: Path, found: dict[str, int]) -> None:
+    tmp = folder / f".{FORMATS_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"formats": found}, indent=1))
+    os.replace(tmp, folder / FORMATS_FILE)
 
 
 def check_out(target: Path) -> None:
@@ -183,6 +209,7 @@ def _write(
     generation = GenerationConfig.from_model_config(config)
     generation.eos_token_id = stop_ids(tokenizer, stop_tokens)
     generation.save_pretrained(folder)
+    _record(folder, formats(read_header(source).tensors))
 
 
 def _tied_names(model: Any) -> set[str]:

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from kvboost_rag.core.model.blocks import (
 )
 from kvboost_rag.core.model.converted import read_rows
 from kvboost_rag.core.model.gguf_blocks import FORMATS, Levels, dequantized, levels
+from kvboost_rag.core.model.gguf_header import read_header
 from kvboost_rag.core.model.heap import release_freed_memory
 from kvboost_rag.core.model.linears import SIBLINGS
 
@@ -133,15 +134,9 @@ def _from_gguf(
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Each linear layer's packed blocks from ``gguf``, checked against the loaded weight
     or, for a weight ``unread_in`` gives a folder for, that folder's rows."""
-    from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    reader = GGUFReader(gguf)
-    arch_name = str(reader.fields["general.architecture"].contents())
-    tensors = {
-        t.name: _Tensor(t.tensor_type.name, t.data_offset, t.data.shape, t.data.dtype)
-        for t in reader.tensors
-    }
-    del reader  # its fields (a vocabulary's strings as arrays) take hundreds of MB
+    arch_name, tensors = read_header(gguf)  # not gguf-py's reader: its vocabulary's arrays
     arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
     text = model.config.get_text_config()
     names = get_tensor_name_map(arch, text.num_hidden_layers)
@@ -175,15 +170,6 @@ def _from_gguf(
         del lv
         release_freed_memory(collect=False)  # temporaries between packed tensors
     return packed
-
-
-class _Tensor(NamedTuple):
-    """Where a GGUF tensor's bytes are in the file, and their format."""
-
-    kind: str
-    offset: int
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
 
 
 def _joined(model: Any, packed: dict[str, Packed]) -> dict[str, Packed]:

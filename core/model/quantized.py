@@ -38,7 +38,8 @@ bf16).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
 import torch
@@ -46,6 +47,8 @@ import torch.nn.functional as F
 
 from kvboost_rag.core.model import torch_compat
 from kvboost_rag.core.model.packed import median_seconds
+
+log = logging.getLogger(__name__)
 
 Weights = Literal["int8", "int4", "int8-dynamic", "gguf", "dense"]
 WEIGHTS: tuple[str, ...] = get_args(Weights)
@@ -64,12 +67,12 @@ KERNEL_OPS = {
 
 
 def check_weights(weights: object, device: torch.device) -> str | None:
-    """``weights`` as ``from_pretrained`` takes it: None (the checkpoint's own) or a name,
+    """``weights`` as ``from_pretrained`` takes it: None (the file decides) or a name,
     on a CPU (``device``). ``ValueError`` otherwise."""
     if weights is not None and weights not in WEIGHTS:
         raise ValueError(
-            f"weights must be one of {', '.join(map(repr, WEIGHTS))} or None (the "
-            f"checkpoint's own), got {weights!r}"
+            f"weights must be one of {', '.join(map(repr, WEIGHTS))} or None (the default: "
+            f"the file decides), got {weights!r}"
         )
     if weights not in (None, "dense") and device.type != "cpu":
         raise ValueError(
@@ -86,23 +89,49 @@ def check_weights(weights: object, device: torch.device) -> str | None:
         raise ValueError(
             f"weights={weights!r} runs on private torch kernels, and "
             f"{torch_compat.lacking_text(lacking)}: install a torch in that range, or load "
-            "without weights= (the checkpoint's own)"
+            "with weights='dense' or without weights="
         )
     return weights  # type: ignore[return-value]
 
 
-def weights_for(weights: str | None, from_gguf: bool) -> str | None:
-    """What a model's linear layers are stored as: ``weights`` as checked by ``check_weights``
-    ("dense" and None: the checkpoint's float weights). ``ValueError`` for "gguf" where it
-    cannot be.
+# The GGUF block formats a file may hold for its blocks to be the default (``weights=None``):
+# those whose answers on the blocks were measured against the dequantized weights'. Q4_K and
+# Q6_K (Qwen2.5-Coder-1.5B's file: 96 of 96 fidelity questions right on both), Q5_0 and Q8_0
+# (beside them in the 0.5B's: 87 right where the float weights answered 88 of 96), all four in
+# Gemma 3 270M's (``docs/guides/models.md``). A file holding another (SmolLM2's Q4_1, whose
+# int8 inputs changed an answer) stays dense unless ``weights="gguf"`` asks.
+DEFAULT_BLOCKS = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})
+FLOAT_FORMATS = frozenset({"F32", "F16", "BF16"})
 
-    A GGUF's blocks are not the default yet: their int8 inputs changed answers of the
-    135M model's examples (the capital of France became "L'Étoile") where the 1.5B kept all
-    24 of its front's (``docs/guides/models.md``)."""
+
+def weights_for(
+    weights: str | None,
+    gguf_formats: Callable[[], Mapping[str, int]] | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    model_kwargs: Mapping[str, Any],
+) -> str | None:
+    """What a model's linear layers are stored as: ``weights`` as checked by
+    ``check_weights`` ("dense": the checkpoint's float weights, as None), or for None, what the
+    file decides: a GGUF (``gguf_formats()``: its parameters per format; None for a float
+    checkpoint) whose block formats are all ``DEFAULT_BLOCKS`` runs on its blocks ("gguf")
+    on a CPU that runs their kernel, in bf16 or fp32, unless ``model_kwargs`` place or
+    quantize the model (``device_map``, ``quantization_config``). ``ValueError`` for "gguf"
+    where it cannot be."""
     from kvboost_rag.core.model import block_kernel
 
+    if weights is None:
+        chosen = None
+        placed = model_kwargs.keys() & {"device_map", "quantization_config"}
+        if gguf_formats is not None and device.type == "cpu" and dtype in DTYPES and not placed:
+            blocks = set(gguf_formats()) - FLOAT_FORMATS
+            chosen = "gguf" if blocks and blocks <= DEFAULT_BLOCKS else None
+            if chosen and (reason := block_kernel.missing()):
+                log.info("the GGUF's weights are dequantized: its blocks' kernel %s", reason)
+                chosen = None
+        return chosen
     if weights == "gguf":
-        if not from_gguf:
+        if gguf_formats is None:
             raise ValueError(
                 "weights='gguf' keeps a GGUF file's own blocks: load a GGUF file or an embedded "
                 "alias, or pick 'int8' / 'int4' to quantize a float checkpoint"

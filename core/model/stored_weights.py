@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +12,27 @@ import torch
 from kvboost_rag.core.model import lean_layers
 from kvboost_rag.core.model.blocks import BlockLinear
 from kvboost_rag.core.model.converted import load_tensors
+from kvboost_rag.core.model.gguf import source_formats
 from kvboost_rag.core.model.gguf_layers import cached_names, use_blocks
 from kvboost_rag.core.model.heap import release_freed_memory
 from kvboost_rag.core.model.loading import load_model
-from kvboost_rag.core.model.quantized import quantize
+from kvboost_rag.core.model.quantized import quantize, weights_for
 from kvboost_rag.core.model.sibling_blocks import join
+
+
+def kind_of(
+    weights: str | None,
+    path: str,
+    gguf: Callable[[], Path] | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    model_kwargs: Mapping[str, Any],
+) -> str | None:
+    """What the linear layers of the model at ``path`` (converted from the GGUF ``gguf()``;
+    None: another folder) are stored as, for ``weights`` as ``check_weights`` took it
+    (``weights_for``, told the GGUF's formats)."""
+    formats = None if gguf is None else partial(source_formats, Path(path), gguf)
+    return weights_for(weights, formats, device, dtype, model_kwargs)
 
 
 def load_stored(

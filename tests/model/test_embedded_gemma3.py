@@ -64,7 +64,21 @@ def full_logits(engine: KVBoost, tokens: list[int]) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def gemma() -> KVBoost:
-    return KVBoost.from_pretrained("gemma3-270m", dtype=torch.float32)
+    # its float weights: the tests below hold the exact path to full prefill's logits, which
+    # the blocks' int8 inputs round per forward (``docs/guides/models.md``)
+    return KVBoost.from_pretrained("gemma3-270m", dtype=torch.float32, weights="dense")
+
+
+def test_by_default_it_runs_on_its_file_s_blocks_and_answers_as_the_float_weights(
+    gemma: KVBoost,
+) -> None:
+    blocks = KVBoost.from_pretrained("gemma3-270m", dtype=torch.float32)
+    assert blocks.inspect.profile().weights == "int4-gguf,int6-gguf,int8-gguf"  # Q4_K_M
+    assert gemma.inspect.profile().weights == "checkpoint"
+    history = messages([2, 7, 5, 0, 3, 6, 1, 4])
+    # the base model's answer (the Sahara, wrong) is the float weights' to the last token
+    ours = blocks.chat(history, max_new_tokens=16)
+    assert ours.token_ids == gemma.chat(history, max_new_tokens=16).token_ids
 
 
 def test_structure_is_read_from_the_model(gemma: KVBoost) -> None:
